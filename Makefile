@@ -1,0 +1,31 @@
+# Set-up and run targets. `make demo` and `make test` each create .venv and install first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+export DAGSTER_HOME ?= $(CURDIR)/data/dagster_home
+export MEGACPP_DATA_ROOT ?= $(CURDIR)/data
+
+.PHONY: install demo test ui clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: the machines carry this CPU build; an unpinned torch pulls CUDA wheels.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[megatron,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/megacpp run --corpus default
+
+test: install
+	@$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+ui: install
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1
+
+clean:
+	rm -rf $(VENV) data

@@ -1,0 +1,158 @@
+"""Dagster code location: the SPEC §4 asset graph, partitions, jobs and Definitions.
+
+Per-revision assets are partitioned by the dynamic ``repo_revision`` partitions (keys
+``SNAPSHOT/SOURCE``); snapshot-wide assets are partitioned by the dynamic ``snapshot``
+partitions and fan in from every revision. Each asset is a thin wrapper around a
+``megacpp_core.pipeline.run_*`` function; its gate is a blocking asset check, so a failed
+gate stops everything downstream in the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from dagster import (
+    AllPartitionMapping,
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetDep,
+    AssetExecutionContext,
+    AssetSelection,
+    Definitions,
+    DynamicPartitionsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    define_asset_job,
+    in_process_executor,
+)
+
+from megacpp_core import card, pipeline
+from megacpp_core.pipeline import StageResult
+from megacpp_resources import DataRootResource, ScanCodeResource
+
+repo_revision = DynamicPartitionsDefinition(name="repo_revision")
+snapshot_partitions = DynamicPartitionsDefinition(name="snapshot")
+
+#: Blocking checks of each asset (SPEC §4 "gate" column).
+CHECKS: dict[str, tuple[str, ...]] = {
+    "source_files": ("hash_matches_pin",),
+    "quality_files": ("counts_add_up", "every_rejection_has_reason"),
+    "license_files": ("every_file_decided",),
+    "scrubbed_files": ("no_refused_license_downstream", "rescan_finds_nothing"),
+    "dedup_decisions": ("each_drop_names_kept_twin",),
+    "tokenizer": ("vocab_size_exact", "fixed_special_ids", "round_trip_every_document"),
+    "chunked_documents": ("budgets_hold",),
+    "chunk_dedup": ("only_whitelisted_kinds_dropped",),
+    "tokenized_documents": ("bos_first_ids_in_vocab_round_trip",),
+    "packed_rows": ("row_contract",),
+    "megatron_dataset": ("verify_gate",),
+}
+
+
+def _specs(name: str) -> list[AssetCheckSpec]:
+    return [AssetCheckSpec(c, asset=name, blocking=True) for c in CHECKS[name]]
+
+
+def _metadata(value: Any) -> Any:
+    if isinstance(value, bool):
+        return MetadataValue.bool(value)
+    if isinstance(value, int):
+        return MetadataValue.int(value)
+    if isinstance(value, float):
+        return MetadataValue.float(value)
+    if isinstance(value, (dict, list)):
+        return MetadataValue.json(value)
+    return MetadataValue.text(str(value))
+
+
+def to_result(name: str, res: StageResult, extra: dict[str, Any] | None = None) -> MaterializeResult:
+    """Turn a stage result into asset metadata plus the asset's check results."""
+    md: dict[str, Any] = {k: _metadata(v) for k, v in sorted(res.figures.items())}
+    md.update({f"path_{k}": MetadataValue.path(v) for k, v in res.outputs.items()})
+    md.update(extra or {})
+    checks = [AssetCheckResult(check_name=c, passed=bool(res.checks.get(c, (False, "not evaluated"))[0]),
+                               metadata={"detail": res.checks.get(c, (False, "not evaluated"))[1]})
+              for c in CHECKS[name]]
+    return MaterializeResult(metadata=md, check_results=checks)
+
+
+def _revision_asset(name: str, stage: Callable[..., StageResult], deps: list[str], description: str):
+    @asset(name=name, partitions_def=repo_revision, group_name="per_revision", deps=deps,
+           check_specs=_specs(name), kinds={"parquet"}, description=description)
+    def _a(context: AssetExecutionContext, data_root: DataRootResource) -> MaterializeResult:
+        layout, manifest, source = data_root.for_revision(context.partition_key)
+        res = stage(layout, manifest, source)
+        context.log.info(f"{name} {context.partition_key}: {res.figures.get('files_out', res.figures.get('files'))} files")
+        return to_result(name, res)
+
+    return _a
+
+
+source_files = _revision_asset("source_files", pipeline.run_acquire, [],
+                               "Stage 0: the pinned sdist fetched (hash-checked, never built) and read safely into the source_files table.")
+quality_files = _revision_asset("quality_files", pipeline.run_quality, ["source_files"],
+                                "Stage 1: extension whitelist and quality heuristics; rejected files go to the exclusions table.")
+
+
+@asset(partitions_def=repo_revision, group_name="per_revision", deps=["quality_files"],
+       check_specs=_specs("license_files"), kinds={"parquet"},
+       description="Stage 2: ScanCode license detection; SPDX expression, class and decision per file.")
+def license_files(context: AssetExecutionContext, data_root: DataRootResource, scancode: ScanCodeResource) -> MaterializeResult:
+    layout, manifest, source = data_root.for_revision(context.partition_key)
+    res = pipeline.run_license(layout, manifest, source, scancode.scanner())
+    return to_result("license_files", res)
+
+
+scrubbed_files = _revision_asset("scrubbed_files", pipeline.run_scrub, ["license_files"],
+                                 "Stage 3: PII and secret scrub of license-accepted files; fail-closed re-scan.")
+
+
+def _snapshot_asset(name: str, stage: Callable[..., StageResult], deps: list, description: str, final: bool = False):
+    @asset(name=name, partitions_def=snapshot_partitions, group_name="snapshot", deps=deps,
+           check_specs=_specs(name), description=description)
+    def _a(context: AssetExecutionContext, data_root: DataRootResource) -> MaterializeResult:
+        layout, manifest = data_root.for_snapshot(context.partition_key)
+        res = stage(layout, manifest)
+        extra = {}
+        if final:
+            text = card.write_card(layout, manifest)
+            extra = {"card": MetadataValue.md(text), "path_card": MetadataValue.path(str(layout.card))}
+        return to_result(name, res, extra)
+
+    return _a
+
+
+dedup_decisions = _snapshot_asset(
+    "dedup_decisions", pipeline.run_dedup,
+    [AssetDep("scrubbed_files", partition_mapping=AllPartitionMapping())],
+    "Stage 4: SHA-256 exact dedup, then MinHash-LSH near dedup across every source of the snapshot.")
+tokenizer = _snapshot_asset("tokenizer", pipeline.run_tokenizer, ["dedup_decisions"],
+                            "Stage 5: byte-level BPE trained on the deduplicated snapshot; special tokens at IDs 0-63.")
+chunked_documents = _snapshot_asset("chunked_documents", pipeline.run_chunk, ["tokenizer"],
+                                    "Stage 6: tree-sitter split at function/class boundaries under an exact token budget.")
+chunk_dedup = _snapshot_asset("chunk_dedup", pipeline.run_chunk_dedup, ["chunked_documents"],
+                              "Stage 7: exact dedup of FUNC_BODY, CLASS_DECL, TYPEDEF and NAMESPACE chunks only.")
+tokenized_documents = _snapshot_asset("tokenized_documents", pipeline.run_tokenize, ["chunk_dedup"],
+                                      "Stage 8: BOS + uint32 ids per document, round trip checked.")
+packed_rows = _snapshot_asset("packed_rows", pipeline.run_pack, ["tokenized_documents"],
+                              "Stage 9: best-fit-decreasing packing into parquet shards with the _SUCCESS sentinel.")
+megatron_dataset = _snapshot_asset("megatron_dataset", pipeline.run_format, ["packed_rows"],
+                                   "Stage 10: Megatron .bin/.idx (int32 ids) and the verify gate; writes the dataset card.",
+                                   final=True)
+
+REVISION_ASSETS = [source_files, quality_files, license_files, scrubbed_files]
+SNAPSHOT_ASSETS = [dedup_decisions, tokenizer, chunked_documents, chunk_dedup, tokenized_documents, packed_rows, megatron_dataset]
+
+revision_job = define_asset_job("revision_job", selection=AssetSelection.groups("per_revision"),
+                                partitions_def=repo_revision, executor_def=in_process_executor,
+                                description="Stages 0-3 for one repo_revision partition.")
+snapshot_job = define_asset_job("snapshot_job", selection=AssetSelection.groups("snapshot"),
+                                partitions_def=snapshot_partitions, executor_def=in_process_executor,
+                                description="Stages 4-10 for one snapshot, fanning in from its revisions.")
+
+defs = Definitions(
+    assets=REVISION_ASSETS + SNAPSHOT_ASSETS,
+    jobs=[revision_job, snapshot_job],
+    resources={"data_root": DataRootResource(), "scancode": ScanCodeResource()},
+)

@@ -1,0 +1,336 @@
+"""The verify gate for Megatron ``.bin/.idx`` pairs (SPEC §7).
+
+The producer writes a sidecar ``prefix.json`` next to the pair (:func:`write_sidecar`);
+:func:`verify_megatron` checks the pair against it and collects every failure (no silent
+fallback). Each failure reads ``<file>: <what is wrong> [<rule>]``. Run as
+``python -m megacpp_checks.verify PREFIX|DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from megacpp_core.megatron import (
+    UINT16_VOCAB_LIMIT,
+    IndexFormatError,
+    IndexInfo,
+    bin_path,
+    idx_path,
+    read_index,
+)
+from megacpp_core.tables import atomic_write_text, sha256_file
+
+#: ``<BOS>`` id: third of the tokenizer's special tokens ["<PAD>", "<UNK>", "<BOS>", "<EOS>"] (SPEC §5).
+BOS_ID = 2
+#: Tokens of document zero printed by the gate (SPEC §7).
+PREVIEW_TOKENS = 64
+#: Tokens per memmap chunk of the id-range scan (64 MiB of int32).
+SCAN_CHUNK_TOKENS = 1 << 24
+SIDECAR_FORMAT = "megacpp-megatron-sidecar/1"
+_SIDECAR_STR_KEYS = ("tokenizer_path", "tokenizer_sha256", "documents_path",
+                     "document_key_column", "document_text_column")
+
+
+@dataclass
+class VerifyReport:
+    """Outcome of a gate run: ``ok`` iff ``failures`` is empty; ``figures`` holds counts
+    (sequences, documents, tokens, dtype, vocab_size, min/max token id, first tokens)."""
+
+    ok: bool
+    failures: list[str] = field(default_factory=list)
+    figures: dict = field(default_factory=dict)
+
+
+def sidecar_path(prefix: str | os.PathLike) -> Path:
+    """``prefix.json``, the sidecar next to ``prefix.bin``/``prefix.idx``."""
+    return Path(f"{os.fspath(prefix)}.json")
+
+
+def write_sidecar(
+    prefix: str | os.PathLike,
+    *,
+    vocab_size: int,
+    tokenizer_path: str | os.PathLike,
+    tokenizer_sha256: str,
+    documents_path: str | os.PathLike,
+    document_key_column: str = "doc_key",
+    document_text_column: str = "text",
+) -> Path:
+    """Write ``prefix.json`` atomically (sorted keys, deterministic) and return its path.
+
+    ``documents_path`` is a parquet file whose row i holds the source text of Megatron
+    document i (without the BOS) in ``document_text_column`` and its key in
+    ``document_key_column``. Paths are stored relative to the sidecar's directory.
+    Raises ``ValueError`` for a non-positive ``vocab_size``.
+    """
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    path = sidecar_path(prefix)
+    here = path.parent.resolve()
+    doc = {
+        "format": SIDECAR_FORMAT,
+        "vocab_size": int(vocab_size),
+        "tokenizer_path": os.path.relpath(Path(tokenizer_path).resolve(), here),
+        "tokenizer_sha256": tokenizer_sha256,
+        "documents_path": os.path.relpath(Path(documents_path).resolve(), here),
+        "document_key_column": document_key_column,
+        "document_text_column": document_text_column,
+    }
+    return atomic_write_text(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def _load_sidecar(path: Path, fail: Callable[[Path, str, str], None]) -> dict | None:
+    """Parsed sidecar with its paths resolved, or None after recording why it is unusable."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        fail(path, f"unreadable sidecar: {e}", "sidecar")
+        return None
+    if not isinstance(doc, dict):
+        fail(path, "sidecar is not a JSON object", "sidecar")
+        return None
+    wrong = [k for k in _SIDECAR_STR_KEYS if not isinstance(doc.get(k), str)]
+    vocab = doc.get("vocab_size")
+    if type(vocab) is not int or vocab <= 0:
+        wrong.append("vocab_size")
+    if wrong:
+        fail(path, f"sidecar fields missing or mistyped: {wrong}", "sidecar")
+        return None
+    for key in ("tokenizer_path", "documents_path"):
+        doc[key] = Path(os.path.normpath(path.parent / doc[key]))
+    return doc
+
+
+def _token_range(tokens: np.ndarray) -> tuple[int, int, int, int]:
+    """(min, max, offset of first min, offset of first max) over a 1-D memmap, in chunks."""
+    lo = hi = int(tokens[0])
+    lo_at = hi_at = 0
+    for start in range(0, tokens.size, SCAN_CHUNK_TOKENS):
+        chunk = np.asarray(tokens[start:start + SCAN_CHUNK_TOKENS])
+        if int(chunk.min()) < lo:
+            lo_at = start + int(chunk.argmin())
+            lo = int(chunk[lo_at - start])
+        if int(chunk.max()) > hi:
+            hi_at = start + int(chunk.argmax())
+            hi = int(chunk[hi_at - start])
+    return lo, hi, lo_at, hi_at
+
+
+def verify_megatron(
+    prefix: str | os.PathLike,
+    vocab_size: int | None = None,
+    out: Callable[[str], object] = print,
+) -> VerifyReport:
+    """Run the SPEC §7 gate on ``prefix.bin``/``prefix.idx``/``prefix.json``.
+
+    In order: the three files present and non-empty; the index parses (:func:`read_index`);
+    ``.bin`` size == sum(lengths) × itemsize; dtype int32 when the vocabulary has ≥ 65,500
+    ids (uint16 or int32 below); every id in ``[0, vocab_size)`` (chunked memmap scan); the
+    tokenizer file's sha256 matches the sidecar; every document starts with BOS id 2; the
+    documents parquet has one row per document and document zero, BOS stripped, decodes
+    exactly to row 0; then the first 64 tokens of document zero are printed.
+
+    ``vocab_size`` defaults to the sidecar's; when given and different, that is a failure
+    too and the given value is used. Checks whose inputs failed earlier are skipped and
+    listed in ``figures["skipped"]``. Never raises for bad data: every problem becomes a
+    ``failures`` entry naming the file and the rule. ``out`` receives the progress lines.
+    """
+    failures: list[str] = []
+    figures: dict = {"skipped": []}
+    b, x, s = bin_path(prefix), idx_path(prefix), sidecar_path(prefix)
+
+    def fail(path: Path, what: str, rule: str) -> None:
+        failures.append(f"{path}: {what} [{rule}]")
+        out(f"FAIL {failures[-1]}")
+
+    def skip(check: str, why: str) -> None:
+        figures["skipped"].append(check)
+        out(f"SKIP {check}: {why}")
+
+    present = {}
+    for path in (b, x, s):
+        present[path] = path.is_file() and path.stat().st_size > 0
+        if not present[path]:
+            fail(path, "missing" if not path.exists() else "empty", "present")
+
+    sidecar = _load_sidecar(s, fail) if present[s] else None
+    if sidecar is not None:
+        if vocab_size is not None and vocab_size != sidecar["vocab_size"]:
+            fail(s, f"vocab_size {sidecar['vocab_size']} != expected {vocab_size}", "sidecar")
+        vocab_size = vocab_size if vocab_size is not None else sidecar["vocab_size"]
+    figures["vocab_size"] = vocab_size
+
+    info: IndexInfo | None = None
+    if present[x]:
+        try:
+            info = read_index(x)
+        except IndexFormatError as e:
+            fail(x, str(e).removeprefix(f"{x}: "), "index")
+    if info is not None:
+        figures.update(sequences=info.sequence_count, documents=info.document_count,
+                       tokens=info.token_count, dtype=info.dtype.name)
+
+    bin_ok = False
+    if info is not None and present[b]:
+        size = b.stat().st_size
+        bin_ok = size == info.bin_bytes
+        if not bin_ok:
+            fail(b, f"{size} bytes != sum(sequence lengths) {info.token_count} x itemsize "
+                    f"{info.dtype.itemsize} = {info.bin_bytes}", "bin-size")
+
+    if info is not None and vocab_size is not None:
+        allowed = ("int32",) if vocab_size >= UINT16_VOCAB_LIMIT else ("uint16", "int32")
+        if info.dtype.name not in allowed:
+            fail(x, f"dtype code {info.dtype_code}: {info.dtype.name} index cannot hold ids of a "
+                    f"{vocab_size}-token vocabulary (allowed: {', '.join(allowed)})", "dtype")
+
+    tokens = None
+    if bin_ok and info.token_count:
+        tokens = np.memmap(b, dtype=info.dtype, mode="r", shape=(info.token_count,))
+    if tokens is not None and vocab_size is not None:
+        lo, hi, lo_at, hi_at = _token_range(tokens)
+        figures.update(min_token=lo, max_token=hi)
+        ends = np.cumsum(info.sequence_lengths, dtype=np.int64)
+        if lo < 0:
+            fail(b, f"negative token id {lo} at token {lo_at} (sequence "
+                    f"{int(np.searchsorted(ends, lo_at, side='right'))})", "token-range")
+        if hi >= vocab_size:
+            fail(b, f"token id {hi} >= vocab_size {vocab_size} at token {hi_at} (sequence "
+                    f"{int(np.searchsorted(ends, hi_at, side='right'))})", "token-range")
+    else:
+        skip("token-range", "no readable tokens" if vocab_size is not None else "vocab_size unknown")
+
+    tok_file = sidecar["tokenizer_path"] if sidecar else None
+    if tok_file is None:
+        skip("tokenizer-sha256", "no sidecar")
+    elif not tok_file.is_file():
+        fail(tok_file, "tokenizer file named by the sidecar is missing", "tokenizer-sha256")
+    elif (digest := sha256_file(tok_file)) != sidecar["tokenizer_sha256"]:
+        fail(tok_file, f"sha256 {digest} != sidecar {sidecar['tokenizer_sha256']}", "tokenizer-sha256")
+
+    doc0 = None
+    if info is not None and bin_ok:
+        cum = np.concatenate([[0], np.cumsum(info.sequence_lengths, dtype=np.int64)])
+        starts = cum[info.document_indices[:-1]]
+        sizes = cum[info.document_indices[1:]] - starts
+        nonempty = sizes > 0
+        firsts = np.full(info.document_count, -1, dtype=np.int64)
+        if tokens is not None:
+            firsts[nonempty] = tokens[starts[nonempty]]
+        bad = np.flatnonzero(~nonempty | (firsts != BOS_ID))
+        if bad.size:
+            d = int(bad[0])
+            first = f"starts with {int(firsts[d])}" if nonempty[d] else "empty"
+            fail(b, f"{bad.size} of {info.document_count} documents do not start with BOS id "
+                    f"{BOS_ID} (first: document {d}, {first})", "bos")
+        if info.document_count == 0:
+            fail(x, "no documents", "doc0-roundtrip")
+        else:
+            doc0 = np.asarray(tokens[starts[0]:starts[0] + sizes[0]] if tokens is not None else [],
+                              dtype=np.int64)
+    else:
+        skip("bos", "index or .bin unusable")
+
+    tok = None
+    if doc0 is not None and sidecar is not None and tok_file.is_file():
+        tok = _check_doc0(doc0, tok_file, sidecar, info.document_count, fail)
+    else:
+        skip("doc0-roundtrip", "document zero, sidecar or tokenizer unavailable")
+
+    if doc0 is not None:
+        head = doc0[:PREVIEW_TOKENS].tolist()
+        figures["first_tokens"] = head
+        out(f"document 0, first {len(head)} tokens: {head}")
+        if tok is not None:
+            out(f"document 0, decoded: {tok.decode(head, skip_special_tokens=False)!r}")
+
+    report = VerifyReport(ok=not failures, failures=failures, figures=figures)
+    summary = ", ".join(f"{k}={figures[k]}" for k in ("documents", "tokens", "dtype", "vocab_size")
+                        if k in figures)
+    out(f"verify {prefix}: " + ("OK" if report.ok else f"FAILED ({len(failures)} failures)")
+        + (f" ({summary})" if summary else ""))
+    return report
+
+
+def _check_doc0(doc0: np.ndarray, tok_file: Path, sidecar: dict, n_docs: int,
+                fail: Callable[[Path, str, str], None]):
+    """Decode document zero and compare it exactly with row 0 of the documents parquet.
+
+    Returns the loaded ``tokenizers.Tokenizer`` (or None when it cannot be loaded).
+    """
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(tok_file))
+    except Exception as e:  # the tokenizers library raises its own exception types
+        fail(tok_file, f"cannot load tokenizer: {e}", "doc0-roundtrip")
+        return None
+    if hasattr(tok, "encode_special_tokens"):
+        tok.encode_special_tokens = True
+    docs_file, col = sidecar["documents_path"], sidecar["document_text_column"]
+    try:
+        pf = pq.ParquetFile(docs_file)
+    except (OSError, ValueError) as e:
+        fail(docs_file, f"cannot open documents parquet: {e}", "doc0-roundtrip")
+        return tok
+    names = pf.schema_arrow.names
+    missing = [c for c in (sidecar["document_key_column"], col) if c not in names]
+    if missing:
+        fail(docs_file, f"columns {missing} missing (has {names})", "doc0-roundtrip")
+        return tok
+    if pf.metadata.num_rows != n_docs:
+        fail(docs_file, f"{pf.metadata.num_rows} rows != {n_docs} Megatron documents", "doc0-roundtrip")
+    if pf.metadata.num_rows == 0:
+        return tok
+    source = next(pf.iter_batches(batch_size=1, columns=[col])).column(0)[0].as_py()
+    ids = doc0[1:] if doc0.size and doc0[0] == BOS_ID else doc0
+    decoded = tok.decode(ids.tolist(), skip_special_tokens=False)
+    if decoded != source:
+        at = next((i for i, (p, q) in enumerate(zip(decoded, source)) if p != q),
+                  min(len(decoded), len(source)))
+        fail(docs_file, f"row 0 differs from decoded document zero at char {at} of "
+                        f"{len(source)}/{len(decoded)}: source {source[at:at + 40]!r} vs decoded "
+                        f"{decoded[at:at + 40]!r}", "doc0-roundtrip")
+    return tok
+
+
+def resolve_prefix(path: str | os.PathLike) -> str | None:
+    """The dataset prefix for ``path`` (``.bin``/``.idx`` suffix stripped), or None when no
+    ``.bin``, ``.idx`` or ``.json`` exists under it."""
+    p = os.fspath(path)
+    if p.endswith((".bin", ".idx")):
+        p = p[:-4]
+    return p if any(Path(p + ext).exists() for ext in (".bin", ".idx", ".json")) else None
+
+
+def main_verify(path: str | os.PathLike, out: Callable[[str], object] = print) -> int:
+    """Gate entry point; returns the exit code: 0 ok, 1 failures, 2 usage error.
+
+    ``path`` is a Megatron prefix (with or without ``.bin``/``.idx``) or a packed-shard
+    directory, handed to ``megacpp_checks.packed.verify_packed_dir(path, out)``, which must
+    return an object with an ``ok`` attribute. Anything else is a usage error.
+    """
+    if Path(path).is_dir():
+        from megacpp_checks.packed import verify_packed_dir
+
+        return 0 if verify_packed_dir(Path(path), out).ok else 1
+    prefix = resolve_prefix(path)
+    if prefix is None:
+        out(f"{path}: neither a Megatron dataset prefix (.bin/.idx/.json) nor a directory [usage]")
+        return 2
+    return 0 if verify_megatron(prefix, out=out).ok else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python -m megacpp_checks.verify PREFIX|DIR", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main_verify(sys.argv[1]))

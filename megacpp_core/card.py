@@ -1,0 +1,105 @@
+"""The dataset card (SPEC §9): a markdown summary of one snapshot, stage by stage.
+
+Rendered from the figures each stage persisted under ``figures/``; written to
+``snapshots/SNAPSHOT/card.md`` and attached to the final asset's metadata.
+"""
+
+from __future__ import annotations
+
+from .layout import SnapshotLayout
+from .manifest import Manifest
+from .tables import atomic_write_text
+
+REVISION_STAGES = ("acquire", "quality", "license", "scrub")
+SNAPSHOT_STAGES = ("dedup", "tokenizer", "chunk", "chunk_dedup", "tokenize", "pack", "format")
+
+
+def _fmt(n) -> str:
+    return f"{n:,}" if isinstance(n, int) else (f"{n:.4g}" if isinstance(n, float) else str(n))
+
+
+def _add(acc: dict, d: dict) -> None:
+    for k, v in d.items():
+        acc[k] = acc.get(k, 0) + v
+
+
+def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
+    """Markdown text of the card; missing stage figures are shown as "not materialized"."""
+    L: list[str] = [f"# Dataset card — snapshot `{manifest.name}`", ""]
+    L += [f"Manifest: `{manifest.path.name}` · settings fingerprint `{manifest.settings.fingerprint()}` · "
+          f"row length {manifest.settings.row_length:,} · vocabulary {manifest.settings.vocab_size:,}", ""]
+    rev = {st: {s.name: layout.read_figures(st, s.name) for s in manifest.sources} for st in REVISION_STAGES}
+    snap = {st: layout.read_figures(st) for st in SNAPSHOT_STAGES}
+
+    L += ["## Sources", "", "| source | archive sha256 | files | bytes | C/C++ kept | license classes | wall s |",
+          "|---|---|---:|---:|---:|---|---:|"]
+    for s in manifest.sources:
+        a, q, lic = rev["acquire"][s.name] or {}, rev["quality"][s.name] or {}, rev["license"][s.name] or {}
+        wall = sum((rev[st][s.name] or {}).get("wall_seconds", 0) for st in REVISION_STAGES)
+        classes = ", ".join(f"{k} {v}" for k, v in (lic.get("classes") or {}).items())
+        L.append(f"| {s.name} | `{(a.get('archive_sha256') or '')[:12]}…` | {_fmt(a.get('files', 0))} | {_fmt(a.get('bytes', 0))} | "
+                 f"{_fmt(q.get('files_out', 0))} | {classes} | {wall:.1f} |")
+
+    rejected: dict = {}
+    qin = qout = bin_ = bout = 0
+    classes: dict = {}
+    decisions: dict = {}
+    redactions: dict = {}
+    samples: list = []
+    for s in manifest.sources:
+        q = rev["quality"][s.name] or {}
+        _add(rejected, q.get("rejected", {}))
+        qin += q.get("files_in", 0); qout += q.get("files_out", 0)
+        bin_ += q.get("bytes_in", 0); bout += q.get("bytes_out", 0)
+        lic = rev["license"][s.name] or {}
+        _add(classes, lic.get("classes", {})); _add(decisions, lic.get("decisions", {}))
+        sc = rev["scrub"][s.name] or {}
+        _add(redactions, sc.get("redactions", {}))
+        samples += sc.get("samples", [])
+    L += ["", "## Stage 1 — quality", "", f"Files in {_fmt(qin)} ({_fmt(bin_)} bytes) → kept {_fmt(qout)} ({_fmt(bout)} bytes).", "",
+          "| filter | rejected |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in rejected.items()]
+    L += ["", "## Stage 2 — license", "", "| class | files |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in sorted(classes.items())]
+    L += ["", "| decision | files |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in sorted(decisions.items())]
+    L += ["", "## Stage 3 — scrub", "", "| kind | redactions |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in redactions.items()]
+    if samples:
+        L += ["", "Sampled redactions in context:", ""] + [f"- `{x.get('doc_key')}` ({x.get('kind')}): `{str(x.get('before', ''))[:100]}`" for x in samples[:20]]
+
+    d = snap["dedup"] or {}
+    L += ["", "## Stage 4 — dedup", "",
+          f"Files in {_fmt(d.get('files_in', 0))}; exact duplicates removed {_fmt(d.get('exact_removed', 0))}; "
+          f"near duplicates removed {_fmt(d.get('near_removed', 0))} (MinHash {d.get('num_perm')} permutations, "
+          f"Jaccard {d.get('threshold')}, {d.get('shingle_k')}-token shingles, LSH {d.get('lsh_bands')}×{d.get('lsh_rows')}, "
+          f"effective threshold {_fmt(d.get('effective_threshold', 0.0))}); files out {_fmt(d.get('files_out', 0))}, "
+          f"{_fmt(d.get('bytes_out', 0))} bytes."]
+    t = snap["tokenizer"] or {}
+    L += ["", "## Stage 5 — tokenizer", "",
+          f"Vocabulary {_fmt(t.get('vocab_size', 0))}: 64 special, {_fmt(t.get('learned', 0))} learned BPE, "
+          f"{_fmt(t.get('reserved', 0))} reserved (the corpus could not supply more merges). sha256 `{t.get('sha256', '')}`."]
+    c = snap["chunk"] or {}
+    cd = snap["chunk_dedup"] or {}
+    L += ["", "## Stages 6–7 — chunking and chunk dedup", "",
+          f"{_fmt(c.get('files', 0))} files → {_fmt(c.get('documents', 0))} documents ({_fmt(c.get('files_split', 0))} files split; "
+          f"budget {_fmt(c.get('budget_tokens', 0))} tokens + BOS; largest {_fmt(c.get('max_document_tokens', 0))}; "
+          f"files with parse errors {_fmt(c.get('parse_error_files', 0))}). Chunk dedup dropped "
+          f"{_fmt(sum((cd.get('dropped') or {}).values()))} ({', '.join(f'{k} {v}' for k, v in (cd.get('dropped') or {}).items()) or 'none'})."]
+    tz, p, f = snap["tokenize"] or {}, snap["pack"] or {}, snap["format"] or {}
+    L += ["", "## Stages 8–10 — tokens, rows, Megatron", "",
+          f"Tokens (with BOS) {_fmt(tz.get('tokens', 0))} over {_fmt(tz.get('documents', 0))} documents "
+          f"({_fmt(tz.get('bytes_per_token', 0.0))} bytes/token).",
+          f"Rows {_fmt(p.get('rows', 0))} of {_fmt(p.get('row_length', 0))} tokens (lower bound {_fmt(p.get('rows_lower_bound', 0))}; "
+          f"{_fmt(p.get('validation_rows', 0))} validation); padding fraction {_fmt(p.get('padding_fraction', 0.0))}.",
+          f"Megatron: `{f.get('prefix', '')}` — {_fmt(f.get('documents', 0))} documents, dtype {f.get('dtype', '')}, "
+          f"verify {'passed' if f.get('verify_ok') else 'NOT passed'}."]
+    L += ["", "## Wall time per stage (seconds)", "", "| stage | seconds |", "|---|---:|"]
+    for st in REVISION_STAGES:
+        L.append(f"| {st} (all revisions) | {sum((rev[st][s.name] or {}).get('wall_seconds', 0) for s in manifest.sources):.1f} |")
+    for st in SNAPSHOT_STAGES:
+        L.append(f"| {st} | {(snap[st] or {}).get('wall_seconds', 0):.1f} |")
+    return "\n".join(L) + "\n"
+
+
+def write_card(layout: SnapshotLayout, manifest: Manifest) -> str:
+    """Render and write ``card.md``; return the text."""
+    text = render_card(layout, manifest)
+    atomic_write_text(layout.card, text)
+    return text

@@ -1,0 +1,393 @@
+"""Stage 6 (SPEC §4): split C/C++ source into documents under an exact token budget.
+
+A file is cut at syntactic boundaries found with tree-sitter: top-level units
+(functions, classes, namespaces, typedefs, preprocessor lines, ...) are packed greedily
+into chunks whose exact token count, measured with the caller's ``count_tokens`` on the
+final chunk text, never exceeds ``budget``. A unit that is too big on its own is split
+into its children (namespace/class/function bodies at member or statement boundaries),
+then by lines, then by characters. Chunks tile the text exactly: nothing is truncated,
+reordered or lost, and ``"".join(text[c.start:c.end] for c in chunks) == text``.
+
+Offsets are Python ``str`` (code point) offsets; tree-sitter's UTF-8 byte offsets are
+converted before use. Output depends only on the inputs (deterministic).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import numpy as np
+import tree_sitter
+import tree_sitter_c
+import tree_sitter_cpp
+
+__all__ = [
+    "StructureCategory",
+    "Chunk",
+    "ChunkingError",
+    "LANGUAGES",
+    "split_document",
+    "split_document_with_stats",
+]
+
+
+class StructureCategory(enum.IntEnum):
+    """Structural category of a span of source (values fixed by SPEC §4).
+
+    Chunks use the member *name* as :attr:`Chunk.kind`. ``FUNC_SIGNATURE`` is a
+    token-level category of SPEC §4 and is never produced as a chunk kind here.
+    """
+
+    OTHER = 0
+    PREAMBLE = 1
+    FUNC_SIGNATURE = 2
+    FUNC_BODY = 3
+    CLASS_DECL = 4
+    CLASS_MEMBER = 5
+    COMMENT = 6
+    TYPEDEF = 7
+    NAMESPACE = 8
+
+
+class ChunkingError(ValueError):
+    """A file cannot be split under the budget, or an output invariant failed.
+
+    The message always starts with the ``doc_key`` passed to :func:`split_document`.
+    """
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One document cut from a source file.
+
+    ``start``/``end`` are ``str`` offsets into the original text (``end`` exclusive).
+    ``kind`` is a :class:`StructureCategory` name: the kind of the unit when the chunk is
+    exactly one complete syntactic unit (with its leading comments and whitespace and the
+    rest of its last line), otherwise ``"OTHER"``. ``name`` is the function, class,
+    namespace or typedef name for such a chunk, else ``None``. ``n_tokens`` is the exact
+    ``count_tokens(text[start:end])``.
+    """
+
+    start: int
+    end: int
+    kind: str
+    name: str | None
+    n_tokens: int
+
+
+#: ``language`` values accepted by :func:`split_document` (the stage-1 language labels);
+#: ``c`` uses the C grammar, the others the C++ grammar.
+LANGUAGES = ("c", "cpp", "header", "cuda")
+
+_PREAMBLE = {"preproc_include", "preproc_def", "preproc_function_def", "preproc_call"}
+_CLASSLIKE = {"class_specifier", "struct_specifier", "union_specifier", "enum_specifier"}
+_FIXED_KIND = {
+    "function_definition": StructureCategory.FUNC_BODY,
+    "namespace_definition": StructureCategory.NAMESPACE,
+    "type_definition": StructureCategory.TYPEDEF,
+    "alias_declaration": StructureCategory.TYPEDEF,
+    "field_declaration": StructureCategory.CLASS_MEMBER,
+    "comment": StructureCategory.COMMENT,
+    **{t: StructureCategory.CLASS_DECL for t in _CLASSLIKE},
+    **{t: StructureCategory.PREAMBLE for t in _PREAMBLE},
+}
+_NAMED_KINDS = {
+    StructureCategory.FUNC_BODY,
+    StructureCategory.CLASS_DECL,
+    StructureCategory.NAMESPACE,
+    StructureCategory.TYPEDEF,
+}
+
+
+def _main(nodes: tuple) -> int:
+    """Index of the main node of a group: the last non-comment node (else the last)."""
+    for i in range(len(nodes) - 1, -1, -1):
+        if nodes[i].type != "comment":
+            return i
+    return len(nodes) - 1
+
+
+@functools.lru_cache(maxsize=None)
+def _parser(grammar: str) -> tree_sitter.Parser:
+    """One parser per grammar (``"c"`` or ``"cpp"``) per process; not thread-safe."""
+    lang = tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language()
+    return tree_sitter.Parser(tree_sitter.Language(lang))
+
+
+class _Piece(NamedTuple):
+    """A span ``[start, end)`` to pack: whole syntactic nodes (``nodes``) or a fragment."""
+
+    start: int
+    end: int
+    nodes: tuple  # tree_sitter.Node; () for line/character fragments
+    n: int | None = None  # exact token count once known
+
+
+class _Splitter:
+    """State for one call of :func:`split_document_with_stats`."""
+
+    def __init__(self, text: str, count: Callable[[str], int], budget: int, key: str):
+        self.text, self.count, self.budget, self.key = text, count, budget, key
+        self.fallback_splits = 0
+        if text.isascii():
+            self.b2c = None
+            self.src = text.encode("ascii")
+        else:
+            self.src = text.encode("utf-8", "surrogatepass")
+            lead = (np.frombuffer(self.src, np.uint8) & 0xC0) != 0x80
+            self.b2c = np.concatenate(([0], np.cumsum(lead, dtype=np.int64)))
+
+    def char(self, byte: int) -> int:
+        """UTF-8 byte offset -> ``str`` offset."""
+        return byte if self.b2c is None else int(self.b2c[byte])
+
+    def span(self, node) -> tuple[int, int]:
+        return self.char(node.start_byte), self.char(node.end_byte)
+
+    # -- kinds ---------------------------------------------------------------------
+    def kind(self, nodes: tuple) -> tuple[StructureCategory, str | None]:
+        """Kind and name of a group of whole nodes (leading comments + one main node)."""
+        if not nodes:
+            return StructureCategory.OTHER, None
+        node = nodes[_main(nodes)]
+        while node.type == "template_declaration":  # kind of what it wraps
+            inner = [c for c in node.named_children if c.type not in ("template_parameter_list", "comment")]
+            if not inner:
+                break
+            node = inner[-1]
+        if node.type == "declaration":
+            t = node.child_by_field_name("type")
+            if t is not None and t.type in _CLASSLIKE and t.child_by_field_name("body") is not None:
+                node = t
+        kind = _FIXED_KIND.get(node.type, StructureCategory.OTHER)
+        if kind not in _NAMED_KINDS:
+            return kind, None
+        field = "declarator" if node.type in ("function_definition", "type_definition") else "name"
+        target = node.child_by_field_name(field)
+        while target is not None and target.child_by_field_name("declarator") is not None:
+            target = target.child_by_field_name("declarator")
+        name = None if target is None else target.text.decode("utf-8", "replace")
+        return kind, name
+
+    # -- tiling ----------------------------------------------------------------------
+    def cut(self, prev_end: int, next_start: int) -> int:
+        """Boundary between two units: after the rest of the previous unit's line."""
+        if prev_end == 0 or self.text[prev_end - 1] == "\n":
+            return prev_end
+        nl = self.text.find("\n", prev_end, next_start)
+        return nl + 1 if nl >= 0 else next_start
+
+    def tile(self, groups: list[tuple], lo: int, hi: int) -> list[_Piece]:
+        """Pieces tiling ``[lo, hi)``, one per node group, cut between groups."""
+        bounds = [lo]
+        for prev, nxt in zip(groups, groups[1:]):
+            bounds.append(self.cut(self.span(prev[-1])[1], self.span(nxt[0])[0]))
+        bounds.append(hi)
+        return [_Piece(a, b, g) for a, b, g in zip(bounds, bounds[1:], groups) if a < b]
+
+    def groups(self, parent) -> list[tuple]:
+        """Named non-empty children of ``parent``; comments attach to a neighbour unit.
+
+        A comment starting on the line where the previous unit ends is a trailing comment
+        of that unit; other comments lead the next unit (or form a trailing COMMENT unit).
+        """
+        out: list[tuple] = []
+        pending: list = []
+        for c in parent.named_children:
+            if c.start_byte >= c.end_byte:  # MISSING nodes inserted by error recovery
+                continue
+            if c.type == "comment":
+                if out and not pending and b"\n" not in self.src[out[-1][-1].end_byte - 1 : c.start_byte]:
+                    out[-1] += (c,)
+                else:
+                    pending.append(c)
+            else:
+                out.append((*pending, c))
+                pending = []
+        if pending:
+            out.append(tuple(pending))
+        return out
+
+    def expand(self, p: _Piece) -> list[_Piece]:
+        """Split an oversized piece: nodes, then children, then lines, then characters."""
+        if p.nodes:
+            i = _main(p.nodes)
+            if p.nodes[i].type == "comment":  # comments only: one piece each
+                groups = [(n,) for n in p.nodes] if len(p.nodes) > 1 else []
+            else:  # leading comments, the main node's children, trailing comments
+                groups = [(n,) for n in p.nodes[:i]] + self.groups(p.nodes[i]) + [(n,) for n in p.nodes[i + 1 :]]
+            if groups:
+                return self.tile(groups, p.start, p.end)
+        self.fallback_splits += 1
+        cuts = [p.start]
+        nl = self.text.find("\n", p.start, p.end - 1)
+        while nl >= 0:
+            cuts.append(nl + 1)
+            nl = self.text.find("\n", nl + 1, p.end - 1)
+        if len(cuts) > 1:
+            cuts.append(p.end)
+            return [_Piece(a, b, ()) for a, b in zip(cuts, cuts[1:])]
+        return self.split_chars(p)
+
+    def split_chars(self, p: _Piece) -> list[_Piece]:
+        """Cut a single oversized line into maximal prefixes that fit the budget.
+
+        Gallops from a guess based on the piece's token density, then binary-searches the
+        longest prefix whose count is <= budget. Raises :class:`ChunkingError` when one
+        character alone exceeds the budget.
+        """
+        text, count, budget = self.text, self.count, self.budget
+        density = (p.end - p.start) / max(p.n or 1, 1)  # chars per token
+        out, lo = [], p.start
+        while lo < p.end:
+            rem = p.end - lo
+            g = min(rem, max(1, int(budget * density)))
+            n = count(text[lo : lo + g])
+            if n <= budget:
+                good, good_n, bad = g, n, rem + 1
+                while good < rem:
+                    g = min(rem, 2 * good)
+                    n = count(text[lo : lo + g])
+                    if n > budget:
+                        bad = g
+                        break
+                    good, good_n = g, n
+            else:
+                good, good_n, bad = 0, 0, g
+                while bad > 1:
+                    g = bad // 2
+                    n = count(text[lo : lo + g])
+                    if n <= budget:
+                        good, good_n = g, n
+                        break
+                    bad = g
+            while bad - good > 1:
+                g = (good + bad) // 2
+                n = count(text[lo : lo + g])
+                if n <= budget:
+                    good, good_n = g, n
+                else:
+                    bad = g
+            if good == 0:
+                raise ChunkingError(
+                    f"{self.key}: character {text[lo]!r} at offset {lo} alone exceeds the budget of {budget} tokens"
+                )
+            out.append(_Piece(lo, lo + good, (), good_n))
+            lo += good
+        return out
+
+    # -- packing ---------------------------------------------------------------------
+    def chunk(self, pieces: list[_Piece], n: int) -> Chunk:
+        if len(pieces) == 1:
+            kind, name = self.kind(pieces[0].nodes)
+        else:
+            kind, name = StructureCategory.OTHER, None
+        return Chunk(pieces[0].start, pieces[-1].end, kind.name, name, n)
+
+    def pack(self, pieces: list[_Piece]) -> list[Chunk]:
+        """Greedy packing; oversized pieces are expanded in place in the stream."""
+        text, count, budget = self.text, self.count, self.budget
+        stream = deque(pieces)
+        out: list[Chunk] = []
+        cur: list[_Piece] = []
+        est = 0
+
+        def flush() -> None:
+            while True:
+                n = cur[0].n if len(cur) == 1 else count(text[cur[0].start : cur[-1].end])
+                if n <= budget:
+                    break
+                stream.appendleft(cur.pop())  # back off one unit; est was too optimistic
+            out.append(self.chunk(cur, n))
+
+        while stream or cur:
+            if not stream:
+                flush()
+                cur, est = [], 0
+                continue
+            p = stream.popleft()
+            if p.n is None:
+                p = p._replace(n=count(text[p.start : p.end]))
+            if p.n > budget:
+                if cur and self.kind(p.nodes)[0] in _NAMED_KINDS:
+                    stream.appendleft(p)  # an oversized function/class/... starts a chunk
+                    flush()
+                    cur, est = [], 0
+                    continue
+                stream.extendleft(reversed(self.expand(p)))
+                continue
+            if cur and est + p.n > budget:
+                stream.appendleft(p)
+                flush()
+                cur, est = [], 0
+                continue
+            cur.append(p)
+            est += p.n
+        return out
+
+
+def split_document_with_stats(
+    text: str,
+    language: str,
+    count_tokens: Callable[[str], int],
+    budget: int,
+    doc_key: str = "",
+) -> tuple[list[Chunk], dict]:
+    """Split ``text`` into contiguous :class:`Chunk` s of at most ``budget`` tokens each.
+
+    ``language`` is one of :data:`LANGUAGES`; ``count_tokens(str) -> int`` is the exact
+    token count (the real tokenizer, without special tokens); ``budget`` >= 1 tokens.
+    Returns ``(chunks, stats)`` with ``stats = {"parse_errors": bool (the tree has ERROR
+    or MISSING nodes), "units": int (top-level units, leading comments attached),
+    "fallback_splits": int (pieces split by lines or characters)}``.
+
+    Guarantees (checked before returning): ``chunks`` tile ``text`` exactly, in order,
+    with no empty chunk; each ``n_tokens == count_tokens(chunk text) <= budget``;
+    ``[]`` for empty text. Pieces of a split unit are labelled ``"OTHER"``.
+
+    Raises ``ValueError`` for an unknown ``language`` or ``budget < 1``, and
+    :class:`ChunkingError` (a ``ValueError`` naming ``doc_key``) when a single character
+    exceeds the budget or an invariant fails.
+    """
+    if language not in LANGUAGES:
+        raise ValueError(f"{doc_key}: unknown language {language!r}; expected one of {LANGUAGES}")
+    if budget < 1:
+        raise ValueError(f"{doc_key}: budget must be >= 1 token, got {budget}")
+    if not text:
+        return [], {"parse_errors": False, "units": 0, "fallback_splits": 0}
+    s = _Splitter(text, count_tokens, budget, doc_key)
+    root = _parser("c" if language == "c" else "cpp").parse(s.src).root_node
+    units = s.tile(s.groups(root), 0, len(text)) or [_Piece(0, len(text), ())]
+    n = count_tokens(text)
+    if n <= budget:
+        chunks = [s.chunk(units, n)]
+    else:
+        chunks = s.pack(units)
+    _check(chunks, text, budget, doc_key)
+    return chunks, {"parse_errors": root.has_error, "units": len(units), "fallback_splits": s.fallback_splits}
+
+
+def split_document(
+    text: str,
+    language: str,
+    count_tokens: Callable[[str], int],
+    budget: int,
+    doc_key: str = "",
+) -> list[Chunk]:
+    """Chunks of :func:`split_document_with_stats` without the stats (same contract)."""
+    return split_document_with_stats(text, language, count_tokens, budget, doc_key)[0]
+
+
+def _check(chunks: list[Chunk], text: str, budget: int, doc_key: str) -> None:
+    """Raise :class:`ChunkingError` unless ``chunks`` tile ``text`` within ``budget``."""
+    pos = 0
+    for c in chunks:
+        if c.start != pos or c.end <= c.start or not 0 <= c.n_tokens <= budget:
+            raise ChunkingError(f"{doc_key}: invalid chunk {c} at offset {pos} (budget {budget})")
+        pos = c.end
+    if pos != len(text):
+        raise ChunkingError(f"{doc_key}: chunks cover {pos} of {len(text)} characters")

@@ -1,0 +1,220 @@
+"""Stage 5 tokenizer: ID layout, exact vocab size, lossless round trip, determinism, loading."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megacpp_core import tokenizer as T
+
+VOCAB = 65536
+
+HOSTILE = {
+    "unicode": "// naïve café — Ω ≠ ∑ 中文注释 עברית\nint ß = 1;\n",
+    "emoji": 'const char *s = "😀👍🏽🇩🇪";\n',
+    "crlf": "int a;\r\nint b;\r\n\r\n",
+    "tabs_trailing": "\tint x = 1;   \n\t\t \n  ",
+    "leading_space": "   #define X 1",
+    "literal_specials": "<BOS><PAD><EOS><UNK><FILE_SEP><RESERVED_SPECIAL_3><RESERVED_BPE_0> <BOS>\n",
+    "long_line": "a" * 200_000,
+    "long_mixed": ("x += y << 2; /* <PAD> */ " * 8_000),
+    "control": "\x01\x7f\x1b[0m\v\f",
+    "empty": "",
+}
+
+
+def c_corpus(n: int = 300) -> list[str]:
+    """A few hundred small generated C/C++ files (deterministic)."""
+    docs = []
+    for i in range(n):
+        docs.append(
+            f"#include <stdio.h>\n#include \"mod_{i % 7}.h\"\n\n"
+            f"static int helper_{i}(int a, int b) {{\n"
+            f"\tfor (int k = 0; k < {i}; ++k) {{\n\t\ta += b * k; // step {i}\n\t}}\n"
+            f"\treturn a - {i % 13};\n}}\n\n"
+            f"class Widget{i % 5} : public Base {{\npublic:\n"
+            f"    std::vector<int> values_{i};\n    int size() const {{ return values_{i}.size(); }}\n}};\n"
+        )
+    return docs
+
+
+@pytest.fixture(scope="module")
+def build() -> T.TokenizerBuild:
+    return T.train_tokenizer(c_corpus(), vocab_size=VOCAB)
+
+
+def test_special_tokens_layout():
+    assert len(T.SPECIAL_TOKENS) == T.NUM_SPECIAL == 64
+    assert len(set(T.SPECIAL_TOKENS)) == 64
+    assert T.SPECIAL_TOKENS[:4] == ["<PAD>", "<UNK>", "<BOS>", "<EOS>"]
+    assert (T.PAD_ID, T.UNK_ID, T.BOS_ID, T.EOS_ID) == (0, 1, 2, 3)
+    assert T.SPECIAL_TOKENS[27] == "<FILE_SEP>"
+    assert T.SPECIAL_TOKENS[28] == "<RESERVED_SPECIAL_0>"
+    assert T.SPECIAL_TOKENS[63] == "<RESERVED_SPECIAL_35>"
+    assert T.DEFAULT_VOCAB_SIZE == 131072
+
+
+def test_trained_ids_match_special_list(build):
+    tok = build.tokenizer
+    for i, token in enumerate(T.SPECIAL_TOKENS):
+        assert tok.token_to_id(token) == i
+        assert tok.id_to_token(i) == token
+
+
+def test_exact_vocab_size_with_reserved_fill(caplog):
+    with caplog.at_level(logging.WARNING, logger="megacpp.tokenizer"):
+        b = T.train_tokenizer(c_corpus(50), vocab_size=VOCAB)
+    tok = b.tokenizer
+    assert tok.get_vocab_size(with_added_tokens=True) == VOCAB == b.vocab_size
+    assert b.reserved > 0 and b.learned >= 256
+    assert T.NUM_SPECIAL + b.learned + b.reserved == VOCAB
+    assert b.merges == b.learned - 256
+    bands = {d["name"]: d for d in b.bands}
+    assert bands["special"] == {"name": "special", "start": 0, "end_exclusive": 64, "count": 64}
+    assert bands["bpe"]["start"] == 64 and bands["bpe"]["count"] == b.learned
+    assert bands["reserved"] == {
+        "name": "reserved", "start": 64 + b.learned, "end_exclusive": VOCAB, "count": b.reserved,
+    }
+    assert tok.id_to_token(64 + b.learned) == "<RESERVED_BPE_0>"
+    assert tok.id_to_token(VOCAB - 1) == f"<RESERVED_BPE_{b.reserved - 1}>"
+    assert any("reserved" in r.getMessage() and str(b.reserved) in r.getMessage() for r in caplog.records)
+
+
+def test_small_vocab_is_filled_by_merges_without_reserve():
+    b = T.train_tokenizer(c_corpus(), vocab_size=512)
+    assert b.reserved == 0 and b.learned == 512 - 64
+    assert b.tokenizer.get_vocab_size(with_added_tokens=True) == 512
+
+
+@pytest.mark.parametrize("bad", [0, 511, -1, 1 << 32, True, 65536.0, "65536"])
+def test_invalid_vocab_size(bad):
+    with pytest.raises(ValueError):
+        T.train_tokenizer(["int x;"], vocab_size=bad)
+
+
+def test_invalid_min_frequency():
+    with pytest.raises(ValueError):
+        T.train_tokenizer(["int x;"], vocab_size=512, min_frequency=0)
+
+
+@pytest.mark.parametrize("key", sorted(HOSTILE))
+def test_round_trip_hostile(build, key):
+    tok, text = build.tokenizer, HOSTILE[key]
+    ids = T.encode(tok, text)
+    assert ids.dtype == np.uint32 and ids.ndim == 1
+    assert T.decode(tok, ids) == text
+    assert T.count_tokens(tok, text) == len(ids)
+    if text:
+        bpe_end = T.NUM_SPECIAL + build.learned
+        assert ids.min() >= T.NUM_SPECIAL and ids.max() < bpe_end
+
+
+def test_literal_special_text_is_not_a_special_id(build):
+    ids = T.encode(build.tokenizer, "<BOS>")
+    assert len(ids) > 1 and T.BOS_ID not in ids.tolist()
+    assert T.PAD_ID not in T.encode(build.tokenizer, "<PAD>").tolist()
+
+
+def test_encode_batch_and_check_round_trip(build):
+    tok = build.tokenizer
+    texts = list(HOSTILE.values()) + c_corpus(20)
+    batch = T.encode_batch(tok, texts)
+    assert all(a.dtype == np.uint32 for a in batch)
+    assert [a.tolist() for a in batch] == [T.encode(tok, t).tolist() for t in texts]
+    assert T.check_round_trip(tok, HOSTILE.items(), batch=3) == []
+
+
+def test_check_round_trip_reports_failures(build):
+    from tokenizers import Tokenizer
+
+    broken = Tokenizer.from_str(build.tokenizer.to_str())
+    broken.decoder = None  # byte-level symbols leak into the output, "int x" -> "int Ġx"
+    broken.encode_special_tokens = True
+    pairs = [("ok", "a"), ("spaced", "int x = 1;"), ("ok2", "")]
+    assert T.check_round_trip(broken, pairs) == ["spaced"]
+
+
+def test_decode_does_not_skip_specials_or_bad_ids(build):
+    tok = build.tokenizer
+    assert T.decode(tok, [T.BOS_ID]) == "<BOS>"
+    assert T.decode(tok, np.array([], dtype=np.uint32)) == ""
+    with pytest.raises(ValueError):
+        T.decode(tok, [VOCAB])
+    with pytest.raises(ValueError):
+        T.decode(tok, [-1])
+
+
+def test_save_load_and_manifest(build, tmp_path):
+    manifest = T.save_tokenizer(build, tmp_path, extra={"snapshot": "s1"})
+    path = tmp_path / T.TOKENIZER_FILE
+    on_disk = json.loads((tmp_path / T.MANIFEST_FILE).read_text())
+    assert on_disk == manifest
+    assert manifest["tokenizer_sha256"] == T.tokenizer_sha256(path)
+    assert manifest["snapshot"] == "s1"
+    assert manifest["vocab_size"] == VOCAB and manifest["reserved"] == build.reserved
+    assert manifest["special_tokens"] == T.SPECIAL_TOKENS
+    assert manifest["training_documents"] == 300
+    assert not list(tmp_path.glob("*.tmp"))
+
+    tok = T.load_tokenizer(path, expected_sha256=manifest["tokenizer_sha256"])
+    assert tok.encode_special_tokens is True
+    assert tok.get_vocab_size(with_added_tokens=True) == VOCAB
+    text = HOSTILE["literal_specials"]
+    assert T.encode(tok, text).tolist() == T.encode(build.tokenizer, text).tolist()
+    assert T.decode(tok, T.encode(tok, text)) == text
+    assert T.load_tokenizer(tmp_path).encode_special_tokens is True
+
+    with pytest.raises(ValueError):
+        T.save_tokenizer(build, tmp_path, extra={"vocab_size": 1})
+
+
+def test_load_with_wrong_sha_raises(build, tmp_path):
+    T.save_tokenizer(build, tmp_path)
+    path = tmp_path / T.TOKENIZER_FILE
+    wrong = "0" * 64
+    with pytest.raises(T.TokenizerMismatchError) as err:
+        T.load_tokenizer(path, expected_sha256=wrong)
+    msg = str(err.value)
+    assert str(path) in msg and wrong in msg and T.tokenizer_sha256(path) in msg
+    assert isinstance(err.value, ValueError)
+    with pytest.raises(FileNotFoundError):
+        T.load_tokenizer(tmp_path / "missing.json")
+
+
+def test_encode_refuses_special_matching_tokenizer(build, tmp_path):
+    from tokenizers import Tokenizer
+
+    T.save_tokenizer(build, tmp_path)
+    raw = Tokenizer.from_file(str(tmp_path / T.TOKENIZER_FILE))
+    assert raw.encode_special_tokens is False  # not persisted by tokenizers: load_tokenizer re-applies it
+    with pytest.raises(ValueError):
+        T.encode(raw, "<BOS>")
+
+
+def test_training_is_deterministic(build, tmp_path):
+    again = T.train_tokenizer(iter(c_corpus()), vocab_size=VOCAB)
+    a = T.save_tokenizer(build, tmp_path / "a")
+    b = T.save_tokenizer(again, tmp_path / "b")
+    assert (tmp_path / "a" / T.TOKENIZER_FILE).read_bytes() == (tmp_path / "b" / T.TOKENIZER_FILE).read_bytes()
+    assert (tmp_path / "a" / T.MANIFEST_FILE).read_bytes() == (tmp_path / "b" / T.MANIFEST_FILE).read_bytes()
+    assert a["tokenizer_sha256"] == b["tokenizer_sha256"]
+
+
+def test_training_is_deterministic_across_processes_and_threads(build, tmp_path):
+    script = (
+        "import sys; from megacpp_core import tokenizer as T; from tests.test_tokenizer import c_corpus; "
+        f"print(T.save_tokenizer(T.train_tokenizer(c_corpus(), vocab_size={VOCAB}), sys.argv[1])"
+        "['tokenizer_sha256'])"
+    )
+    env = {"RAYON_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], env=env, check=True, capture_output=True, text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert out.stdout.strip() == T.save_tokenizer(build, tmp_path / "here")["tokenizer_sha256"]

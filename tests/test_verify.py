@@ -1,0 +1,154 @@
+"""The Megatron verify gate (SPEC §7): one passing dataset, then one test per failure."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from megacpp_checks.verify import main_verify, verify_megatron, write_sidecar
+from megacpp_core.megatron import write_indexed_dataset
+from megacpp_core.tables import sha256_file, write_parquet
+
+DECLARED_VOCAB = 131072
+SOURCES = [
+    "int main(void) {\n    return 0;\n}\n",
+    "#include <stdio.h>\nint add(int a, int b) { return a + b; }\n",
+    "template <typename T>\nT max_of(T a, T b) { return a < b ? b : a; }\n",
+    "struct point { double x, y; };\n// <BOS> inside a comment stays text\n",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+    """A throwaway byte-level BPE (vocab 300) whose <BOS> is id 2."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<PAD>", "<UNK>", "<BOS>", "<EOS>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(SOURCES * 20, trainer)
+    assert tok.token_to_id("<BOS>") == 2
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def build(tmp_path, tokenizer_file, *, vocab_size=DECLARED_VOCAB, index_vocab=None,
+          texts=None, tokenizer_sha=None) -> str:
+    """Write a dataset of SOURCES under ``tmp_path/ds/train`` and return its prefix.
+
+    ``index_vocab`` picks the index dtype (default: ``vocab_size``); ``texts`` overrides the
+    parquet's source texts; ``tokenizer_sha`` overrides the sidecar's digest.
+    """
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    tok.encode_special_tokens = True
+    docs = [np.array([2, *tok.encode(t).ids], dtype=np.uint32) for t in SOURCES]
+    prefix = tmp_path / "ds" / "train"
+    write_indexed_dataset(prefix, docs, index_vocab or vocab_size)
+    texts = texts or SOURCES
+    docs_path = write_parquet(pa.table({"doc_key": [f"k{i}" for i in range(len(texts))], "text": texts}),
+                              tmp_path / "ds" / "documents.parquet")
+    write_sidecar(prefix, vocab_size=vocab_size, tokenizer_path=tokenizer_file,
+                  tokenizer_sha256=tokenizer_sha or sha256_file(tokenizer_file), documents_path=docs_path)
+    return str(prefix)
+
+
+def run(path) -> tuple[int, str]:
+    """(exit code, printed text) of the gate on ``path``."""
+    lines: list[str] = []
+    return main_verify(path, out=lines.append), "\n".join(lines)
+
+
+def assert_fails(path, *needles: str) -> None:
+    """The gate exits 1 on ``path`` and its output contains every needle."""
+    code, text = run(path)
+    assert code == 1, text
+    for needle in needles:
+        assert needle in text, text
+
+
+def test_valid_dataset_passes(tmp_path, tokenizer_file):
+    prefix = build(tmp_path, tokenizer_file)
+    for path in (prefix, prefix + ".bin", prefix + ".idx"):
+        code, text = run(path)
+        assert code == 0, text
+    assert "OK" in text and "'<BOS>int main(void)" in text
+    report = verify_megatron(prefix, out=lambda _: None)
+    assert report.ok and report.failures == []
+    assert report.figures["dtype"] == "int32"
+    assert report.figures["documents"] == len(SOURCES)
+    assert report.figures["first_tokens"][0] == 2
+    assert report.figures["skipped"] == []
+
+
+def test_uint16_allowed_below_cutoff(tmp_path, tokenizer_file):
+    prefix = build(tmp_path, tokenizer_file, vocab_size=300)
+    assert run(prefix)[0] == 0
+
+
+def test_usage_error(tmp_path):
+    assert run(tmp_path / "nothing")[0] == 2
+
+
+@pytest.mark.parametrize("ext", [".idx", ".bin"])
+def test_missing_file(tmp_path, tokenizer_file, ext):
+    prefix = build(tmp_path, tokenizer_file)
+    (tmp_path / "ds" / f"train{ext}").unlink()
+    assert_fails(prefix, f"train{ext}: missing [present]")
+
+
+def test_truncated_bin(tmp_path, tokenizer_file):
+    prefix = build(tmp_path, tokenizer_file)
+    path = tmp_path / "ds" / "train.bin"
+    path.write_bytes(path.read_bytes()[:-4])
+    assert_fails(prefix, "train.bin:", "[bin-size]")
+
+
+@pytest.mark.parametrize("offset,patch,needle", [
+    (0, b"XXIDIDX\x00\x00", "bad magic"),
+    (9, struct.pack("<Q", 2), "unsupported version 2"),
+    (17, struct.pack("<B", 99), "unknown dtype code 99"),
+])
+def test_corrupted_index_header(tmp_path, tokenizer_file, offset, patch, needle):
+    prefix = build(tmp_path, tokenizer_file)
+    path = tmp_path / "ds" / "train.idx"
+    raw = path.read_bytes()
+    path.write_bytes(raw[:offset] + patch + raw[offset + len(patch):])
+    assert_fails(prefix, "train.idx:", needle, "[index]")
+
+
+def test_token_id_out_of_vocab(tmp_path, tokenizer_file):
+    prefix = build(tmp_path, tokenizer_file)
+    path = tmp_path / "ds" / "train.bin"
+    ids = np.fromfile(path, dtype=np.int32)
+    ids[-1] = DECLARED_VOCAB + 5
+    ids.tofile(path)
+    assert_fails(prefix, f"token id {DECLARED_VOCAB + 5} >= vocab_size {DECLARED_VOCAB}", "[token-range]")
+
+
+def test_uint16_index_at_large_vocab(tmp_path, tokenizer_file):
+    prefix = build(tmp_path, tokenizer_file, index_vocab=300)
+    assert_fails(prefix, "train.idx:", "uint16 index cannot hold ids of a 131072-token vocabulary", "[dtype]")
+
+
+def test_document_zero_mismatch(tmp_path, tokenizer_file):
+    prefix = build(tmp_path, tokenizer_file, texts=["int main(void) {\n    return 1;\n}\n", *SOURCES[1:]])
+    assert_fails(prefix, "documents.parquet:", "row 0 differs from decoded document zero", "[doc0-roundtrip]")
+
+
+def test_tokenizer_sha_mismatch(tmp_path, tokenizer_file):
+    prefix = build(tmp_path, tokenizer_file, tokenizer_sha="0" * 64)
+    assert_fails(prefix, "tokenizer.json:", "!= sidecar " + "0" * 64, "[tokenizer-sha256]")
+
+
+def test_missing_bos(tmp_path, tokenizer_file):
+    prefix = build(tmp_path, tokenizer_file)
+    path = tmp_path / "ds" / "train.bin"
+    ids = np.fromfile(path, dtype=np.int32)
+    ids[np.flatnonzero(ids == 2)[1]] = 3
+    ids.tofile(path)
+    assert_fails(prefix, "1 of 4 documents do not start with BOS id 2 (first: document 1", "[bos]")
