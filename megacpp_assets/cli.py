@@ -99,7 +99,7 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None) -> in
 def _report_failure(result, what: str) -> None:
     print(f"megacpp run: FAILED at {what}", file=sys.stderr)
     for ev in result.all_events:
-        if ev.is_failure and ev.step_failure_data is not None:
+        if ev.is_step_failure:
             err = ev.step_failure_data.error
             cause = err.cause.message if err and err.cause else ""
             print(f"  step {ev.step_key}: {err.message.strip() if err else ''} {cause.strip()}", file=sys.stderr)

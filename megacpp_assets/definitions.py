@@ -7,7 +7,6 @@ partitions and fan in from every revision. Each asset is a thin wrapper around a
 gate stops everything downstream in the run.
 """
 
-from __future__ import annotations
 
 from typing import Any, Callable
 

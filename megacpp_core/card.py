@@ -62,7 +62,7 @@ def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
     L += ["", "| decision | files |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in sorted(decisions.items())]
     L += ["", "## Stage 3 — scrub", "", "| kind | redactions |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in redactions.items()]
     if samples:
-        L += ["", "Sampled redactions in context:", ""] + [f"- `{x.get('doc_key')}` ({x.get('kind')}): `{str(x.get('before', ''))[:100]}`" for x in samples[:20]]
+        L += ["", "Sampled redactions in context:", ""] + [f"- `{x.get('doc_key')}` ({x.get('kind')}): `{' '.join(str(x.get('before', '')).split())[:120]}`" for x in samples[:20]]
 
     d = snap["dedup"] or {}
     L += ["", "## Stage 4 — dedup", "",

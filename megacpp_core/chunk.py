@@ -8,6 +8,18 @@ into its children (namespace/class/function bodies at member or statement bounda
 then by lines, then by characters. Chunks tile the text exactly: nothing is truncated,
 reordered or lost, and ``"".join(text[c.start:c.end] for c in chunks) == text``.
 
+Units are the named children of a node. Comments lead the next unit, except a comment
+starting on the line where the previous unit ends (a trailing comment). A cut between two
+units falls after the end of the previous unit's line (leading blank lines and
+indentation go with the next unit), or at the next unit when both share a line.
+
+Unit kinds: ``function_definition`` -> FUNC_BODY; class/struct/union/enum specifiers
+(also inside a ``declaration``) -> CLASS_DECL; ``namespace_definition`` -> NAMESPACE;
+``type_definition``/``alias_declaration`` -> TYPEDEF; ``#include``/``#define``/
+``#pragma`` and other preprocessor calls -> PREAMBLE (at any depth); ``field_declaration``
+-> CLASS_MEMBER; ``comment`` -> COMMENT; ``template_declaration`` -> what it wraps;
+anything else (``#if`` blocks, statements, ERROR nodes) -> OTHER.
+
 Offsets are Python ``str`` (code point) offsets; tree-sitter's UTF-8 byte offsets are
 converted before use. Output depends only on the inputs (deterministic).
 """
@@ -95,6 +107,12 @@ _FIXED_KIND = {
     **{t: StructureCategory.CLASS_DECL for t in _CLASSLIKE},
     **{t: StructureCategory.PREAMBLE for t in _PREAMBLE},
 }
+#: Syntactic splits nested deeper than this fall back to lines/characters. Real nesting
+#: (namespace > class > function > loops > statement) stays far below it; it bounds the
+#: cost of left-recursive chains (``1+1+...``, ``else if`` ladders), which would otherwise
+#: recount a shrinking prefix once per level (quadratic). Chosen here, not from the SPEC.
+MAX_SPLIT_DEPTH = 32
+
 _NAMED_KINDS = {
     StructureCategory.FUNC_BODY,
     StructureCategory.CLASS_DECL,
@@ -125,6 +143,7 @@ class _Piece(NamedTuple):
     end: int
     nodes: tuple  # tree_sitter.Node; () for line/character fragments
     n: int | None = None  # exact token count once known
+    depth: int = 0  # syntactic expansions above this piece
 
 
 class _Splitter:
@@ -146,6 +165,7 @@ class _Splitter:
         return byte if self.b2c is None else int(self.b2c[byte])
 
     def span(self, node) -> tuple[int, int]:
+        """``str`` offsets ``(start, end)`` of a tree-sitter node."""
         return self.char(node.start_byte), self.char(node.end_byte)
 
     # -- kinds ---------------------------------------------------------------------
@@ -181,13 +201,13 @@ class _Splitter:
         nl = self.text.find("\n", prev_end, next_start)
         return nl + 1 if nl >= 0 else next_start
 
-    def tile(self, groups: list[tuple], lo: int, hi: int) -> list[_Piece]:
+    def tile(self, groups: list[tuple], lo: int, hi: int, depth: int = 0) -> list[_Piece]:
         """Pieces tiling ``[lo, hi)``, one per node group, cut between groups."""
         bounds = [lo]
         for prev, nxt in zip(groups, groups[1:]):
             bounds.append(self.cut(self.span(prev[-1])[1], self.span(nxt[0])[0]))
         bounds.append(hi)
-        return [_Piece(a, b, g) for a, b, g in zip(bounds, bounds[1:], groups) if a < b]
+        return [_Piece(a, b, g, None, depth) for a, b, g in zip(bounds, bounds[1:], groups) if a < b]
 
     def groups(self, parent) -> list[tuple]:
         """Named non-empty children of ``parent``; comments attach to a neighbour unit.
@@ -214,14 +234,14 @@ class _Splitter:
 
     def expand(self, p: _Piece) -> list[_Piece]:
         """Split an oversized piece: nodes, then children, then lines, then characters."""
-        if p.nodes:
+        if p.nodes and p.depth < MAX_SPLIT_DEPTH:
             i = _main(p.nodes)
             if p.nodes[i].type == "comment":  # comments only: one piece each
                 groups = [(n,) for n in p.nodes] if len(p.nodes) > 1 else []
             else:  # leading comments, the main node's children, trailing comments
                 groups = [(n,) for n in p.nodes[:i]] + self.groups(p.nodes[i]) + [(n,) for n in p.nodes[i + 1 :]]
             if groups:
-                return self.tile(groups, p.start, p.end)
+                return self.tile(groups, p.start, p.end, p.depth + 1)
         self.fallback_splits += 1
         cuts = [p.start]
         nl = self.text.find("\n", p.start, p.end - 1)
@@ -230,7 +250,7 @@ class _Splitter:
             nl = self.text.find("\n", nl + 1, p.end - 1)
         if len(cuts) > 1:
             cuts.append(p.end)
-            return [_Piece(a, b, ()) for a, b in zip(cuts, cuts[1:])]
+            return [_Piece(a, b, (), None, p.depth + 1) for a, b in zip(cuts, cuts[1:])]
         return self.split_chars(p)
 
     def split_chars(self, p: _Piece) -> list[_Piece]:
@@ -276,20 +296,32 @@ class _Splitter:
                 raise ChunkingError(
                     f"{self.key}: character {text[lo]!r} at offset {lo} alone exceeds the budget of {budget} tokens"
                 )
-            out.append(_Piece(lo, lo + good, (), good_n))
+            out.append(_Piece(lo, lo + good, (), good_n, p.depth + 1))
             lo += good
         return out
 
     # -- packing ---------------------------------------------------------------------
     def chunk(self, pieces: list[_Piece], n: int) -> Chunk:
+        """The chunk spanning ``pieces`` (``n`` tokens); a unit's kind only if it is alone."""
         if len(pieces) == 1:
             kind, name = self.kind(pieces[0].nodes)
         else:
             kind, name = StructureCategory.OTHER, None
         return Chunk(pieces[0].start, pieces[-1].end, kind.name, name, n)
 
+    def starts_chunk(self, p: _Piece, cur: list[_Piece]) -> bool:
+        """True when oversized ``p`` is a function/class/namespace/typedef that follows a
+        sibling (or a piece of one) in ``cur``; headers of enclosing units do not count."""
+        return self.kind(p.nodes)[0] in _NAMED_KINDS and any(q.depth >= p.depth for q in cur)
+
     def pack(self, pieces: list[_Piece]) -> list[Chunk]:
-        """Greedy packing; oversized pieces are expanded in place in the stream."""
+        """Greedy packing; oversized pieces are expanded in place in the stream.
+
+        Candidate chunks are sized by the sum of per-piece counts, then the assembled text
+        is counted exactly and pieces are pushed back one at a time while it exceeds the
+        budget. A chunk cut mid-line is shortened to its last line end if that keeps at
+        least half of it. An oversized function/class/namespace/typedef starts a chunk.
+        """
         text, count, budget = self.text, self.count, self.budget
         stream = deque(pieces)
         out: list[Chunk] = []
@@ -297,36 +329,37 @@ class _Splitter:
         est = 0
 
         def flush() -> None:
+            nonlocal est
+            if stream and text[cur[-1].end - 1] != "\n":  # prefer ending at a line end
+                acc, keep = 0, 0
+                for j, q in enumerate(cur):
+                    acc += q.n
+                    if text[q.end - 1] == "\n" and 2 * acc >= est:
+                        keep = j + 1
+                while keep and len(cur) > keep:
+                    stream.appendleft(cur.pop())
             while True:
                 n = cur[0].n if len(cur) == 1 else count(text[cur[0].start : cur[-1].end])
                 if n <= budget:
                     break
-                stream.appendleft(cur.pop())  # back off one unit; est was too optimistic
+                stream.appendleft(cur.pop())  # back off one unit: the estimate was low
             out.append(self.chunk(cur, n))
+            cur.clear()
+            est = 0
 
         while stream or cur:
-            if not stream:
-                flush()
-                cur, est = [], 0
-                continue
-            p = stream.popleft()
-            if p.n is None:
+            p = stream.popleft() if stream else None
+            if p is not None and p.n is None:
                 p = p._replace(n=count(text[p.start : p.end]))
-            if p.n > budget:
-                if cur and self.kind(p.nodes)[0] in _NAMED_KINDS:
-                    stream.appendleft(p)  # an oversized function/class/... starts a chunk
-                    flush()
-                    cur, est = [], 0
-                    continue
+            if p is not None and p.n > budget and not self.starts_chunk(p, cur):
                 stream.extendleft(reversed(self.expand(p)))
-                continue
-            if cur and est + p.n > budget:
-                stream.appendleft(p)
+            elif p is None or (cur and est + p.n > budget):
+                if p is not None:
+                    stream.appendleft(p)
                 flush()
-                cur, est = [], 0
-                continue
-            cur.append(p)
-            est += p.n
+            else:
+                cur.append(p)
+                est += p.n
         return out
 
 
@@ -351,7 +384,8 @@ def split_document_with_stats(
 
     Raises ``ValueError`` for an unknown ``language`` or ``budget < 1``, and
     :class:`ChunkingError` (a ``ValueError`` naming ``doc_key``) when a single character
-    exceeds the budget or an invariant fails.
+    exceeds the budget or an invariant fails. A byte-level BPE needs at most 4 tokens
+    per character (its UTF-8 length), so with one any ``budget >= 4`` always succeeds.
     """
     if language not in LANGUAGES:
         raise ValueError(f"{doc_key}: unknown language {language!r}; expected one of {LANGUAGES}")

@@ -272,15 +272,14 @@ def run_tokenizer(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     texts = kept.column("text").to_pylist()
     build = tk.train_tokenizer(texts, vocab_size=manifest.settings.vocab_size)
     out_dir = layout.stage_dir("tokenizer")
-    info = tk.save_tokenizer(build, out_dir, extra={"snapshot": manifest.name, "training_documents": len(texts),
-                                                     "training_bytes": int(sum(len(t.encode()) for t in texts))})
-    tok = tk.load_tokenizer(out_dir / "tokenizer.json", info["sha256"])
+    info = tk.save_tokenizer(build, out_dir, extra={"snapshot": manifest.name})
+    tok = tk.load_tokenizer(out_dir / "tokenizer.json", info["tokenizer_sha256"])
     failures = tk.check_round_trip(tok, zip(kept.column("doc_key").to_pylist(), texts))
     if failures:
         raise StageError(f"tokenizer round trip fails on {len(failures)} documents, first {failures[0]}")
     ok_ids = all(tok.token_to_id(t) == i for i, t in enumerate(tk.SPECIAL_TOKENS))
     figures = {"vocab_size": build.vocab_size, "learned": build.learned, "reserved": build.reserved,
-               "sha256": info["sha256"], "bands": build.bands, "training_documents": len(texts)}
+               "sha256": info["tokenizer_sha256"], "bands": build.bands, "training_documents": len(texts)}
     res = StageResult("tokenizer", {"tokenizer": str(out_dir / "tokenizer.json")}, figures)
     res.checks["vocab_size_exact"] = (tok.get_vocab_size(with_added_tokens=True) == manifest.settings.vocab_size,
                                       f"{tok.get_vocab_size(with_added_tokens=True)} ids")
@@ -291,6 +290,7 @@ def run_tokenizer(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
 
 def _load_snapshot_tokenizer(layout: SnapshotLayout):
     info = json.loads((layout.stage_dir("tokenizer") / "tokenizer_manifest.json").read_text())
+    info["sha256"] = info["tokenizer_sha256"]
     tok = tk.load_tokenizer(layout.stage_dir("tokenizer") / "tokenizer.json", info["sha256"])
     return tok, info
 

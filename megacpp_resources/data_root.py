@@ -1,6 +1,5 @@
 """The configurable data root (SPEC §2, §9) and manifest resolution for partitions."""
 
-from __future__ import annotations
 
 import os
 from pathlib import Path

@@ -1,6 +1,5 @@
 """ScanCode toolkit wrapper: one license index and one header cache per process."""
 
-from __future__ import annotations
 
 from dagster import ConfigurableResource
 

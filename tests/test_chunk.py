@@ -238,3 +238,29 @@ def test_real_byte_level_bpe():
         chunks = split_document(text, "cpp", bpe_count, budget, doc_key="bpe.cpp")
         check(text, chunks, bpe_count, budget)
     assert len(split_document(text, "cpp", bpe_count, 10**6)) == 1
+
+
+def test_deep_expression_chain_falls_back_to_lines():
+    # A 20k-deep left-recursive expression: syntactic descent stops at MAX_SPLIT_DEPTH.
+    text = "int x = " + "1+\n" * 20_000 + "1;\n"
+    chunks, stats = split_document_with_stats(text, "c", count, 255)
+    check(text, chunks, count, 255)
+    assert stats["fallback_splits"] >= 1 and not stats["parse_errors"]
+
+
+def test_nested_headers_stay_with_their_first_member():
+    text = "#include <a.h>\nnamespace outer {\nnamespace inner {\n\n" + "".join(func(i) for i in range(8)) + "}\n}\n"
+    budget = 100
+    texts = check(text, split_document(text, "cpp", count, budget), count, budget)
+    assert texts[0] == "#include <a.h>\n"  # the oversized namespace starts a chunk
+    assert texts[1].startswith("namespace outer {\nnamespace inner {\n\n// helper 0\nint f0(")
+    assert all(t.lstrip().startswith("// helper") for t in texts[2:])
+
+
+def test_data_arrays_cut_at_line_ends():
+    rows = "".join("    " + ", ".join(str(r * 10 + c) for c in range(10)) + ",\n" for r in range(200))
+    text = "static const int table[] = {\n" + rows + "};\n"
+    budget = 100
+    chunks = split_document(text, "c", count, budget)
+    check(text, chunks, count, budget)
+    assert len(chunks) > 10 and all(text[c.start - 1] == "\n" for c in chunks[1:])

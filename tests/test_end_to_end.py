@@ -86,7 +86,7 @@ def test_megatron_readback_matches_parquet_rows(layout):
 def test_tokenizer_layout_and_card(layout):
     info = json.loads((layout.stage_dir("tokenizer") / "tokenizer_manifest.json").read_text())
     assert info["vocab_size"] == 131072
-    tok = tk.load_tokenizer(layout.stage_dir("tokenizer") / "tokenizer.json", info["sha256"])
+    tok = tk.load_tokenizer(layout.stage_dir("tokenizer") / "tokenizer.json", info["tokenizer_sha256"])
     assert tok.get_vocab_size(with_added_tokens=True) == 131072
     for i, name in enumerate(["<PAD>", "<UNK>", "<BOS>", "<EOS>"]):
         assert tok.token_to_id(name) == i

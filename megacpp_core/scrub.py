@@ -1,0 +1,258 @@
+"""Stage 3: PII and secret scrub before tokenization (SPEC §4).
+
+Detectors, in priority order (an earlier match claims its span; later overlapping
+matches are dropped):
+
+``secret`` -> ``API_KEY_REDACTED``
+    PEM private-key blocks (``-----BEGIN ... PRIVATE KEY-----`` through the matching
+    ``-----END ...-----``, the whole block, at most :data:`PEM_MAX_CHARS` characters;
+    without an END line, the header and the base64 lines right after it);
+    known token formats (AWS access key ids, GitHub, Slack, Google API, Stripe live keys,
+    JWTs); and string literals assigned to a secret-like name (``api_key``, ``secret``,
+    ``token``, ``passwd``, ``password``, ``private_key``, ``access_key``) whose value is
+    key-like (only ``[A-Za-z0-9_+/=.~-]``, at least one letter and one digit, none of
+    the secret words itself (``"setAttr-Token-B0Prime"`` is a name), >=
+    :data:`SECRET_MIN_LEN` chars, Shannon entropy >= :data:`SECRET_MIN_ENTROPY`
+    bits/char). Only the literal's content is replaced; the quotes stay.
+``email`` -> ``<redacted-email>``
+    ``local@domain.tld`` (RFC 5321-ish; a dotted domain ending in a 2-24 letter TLD).
+    Copyright-header addresses are redacted too.
+``home_path`` -> ``<redacted-path>/``
+    ``/home/NAME/``, ``/Users/NAME/``, ``C:\\Users\\NAME\\`` (single or doubled
+    backslashes, any drive letter). Without the trailing separator the marker has no
+    trailing ``/`` either, so the text after the name is kept exactly.
+``network_address`` -> ``<redacted-network-address>``
+    IPv6: a maximal run of hex digits, ``:`` and ``.`` (optional ``%zone``), not touching
+    a word character, ``:`` or ``.`` on the left nor a word character, ``(`` or ``<`` on
+    the right, that ``ipaddress`` accepts, holds a decimal digit, and has >= 3 non-empty
+    groups or is ``XXXX::Y`` (a full 4-digit group, ``::``, a non-empty group, as in
+    ``fe80::1``). Eight 2-digit groups without ``::`` (byte dumps, EUI-64) are not
+    addresses. So ``std::vector``, ``a::b::c``, ``::operator new``, ``a::b``,
+    ``A2::a1`` and ``12:34:56`` never match.
+    IPv4: four dot-separated octets 0-255 without leading zeros, not part of a longer
+    dotted or alphanumeric run, and none of these number contexts: a version, section,
+    spec, OID or standard word right before it on the same line (:data:`_NUMBER_CONTEXT`:
+    ``version 1.2.3.4``, ``section 4.1.1.2``, ``C++14 20.8.2.2``); ``OID`` earlier on the
+    line; ``name-`` right before it (``linux-2.6.8.1``); enclosed as ``[22.4.1.2]``; or
+    all four numbers < 100 at the start of a (comment) line (``// 23.3.4.2 iterators``).
+    Addresses in :data:`KEEP_ADDRESSES` (unspecified, loopback ``127.0.0.1``/``::1``,
+    broadcast and IPv4 netmasks) carry no identity and stay.
+
+Hex constants and hash test vectors (md5/sha hex strings) match no detector.
+:func:`scrub_text` fails closed: its output is re-scanned with the same detectors and a
+:class:`LeakError` is raised if anything is left.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ipaddress
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+REDACTION_MARKERS = {
+    "email": "<redacted-email>",
+    "network_address": "<redacted-network-address>",
+    "secret": "API_KEY_REDACTED",
+    "home_path": "<redacted-path>/",
+}
+KINDS = tuple(REDACTION_MARKERS)
+
+#: Minimum length of an assigned secret value; 16 follows gitleaks' generic-api-key rule
+#: family (the shortest common API keys are 16+ characters).
+SECRET_MIN_LEN = 16
+#: Minimum Shannon entropy in bits/char of an assigned secret value (gitleaks' 3.5).
+SECRET_MIN_ENTROPY = 3.5
+#: Longest PEM private-key block redacted as one span (a 4096-bit RSA key quoted line by
+#: line as C string literals is ~4 KB; 16 KiB leaves room for other wrappings).
+PEM_MAX_CHARS = 16384
+
+#: Non-identifying addresses that stay: unspecified, loopback, broadcast, IPv4 netmasks.
+KEEP_ADDRESSES = frozenset(
+    [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"), ipaddress.ip_address("::")]
+    + [ipaddress.IPv4Network(f"0.0.0.0/{n}").netmask for n in range(33)]  # incl. 0.0.0.0, 255.255.255.255
+)
+
+_PEM = re.compile(
+    r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY((?: BLOCK)?)-----"
+    rf"(?:[\s\S]{{0,{PEM_MAX_CHARS}}}?-----END \1PRIVATE KEY\2-----"
+    r"|(?:[ \t]*\r?\n[ \t]*\"?[A-Za-z0-9+/=]{16,}(?:\\n)?\"?[ \t]*,?)*)"  # no END: base64 lines
+)
+#: Known token formats (prefixes as published by each issuer; shapes after detect-secrets).
+_TOKEN = re.compile(
+    r"\b(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key id
+    r"|\bgh[pousr]_[A-Za-z0-9]{36}\b|\bgithub_pat_[A-Za-z0-9_]{22,}"  # GitHub
+    r"|\bxox[abposr]-[0-9A-Za-z-]{10,}"  # Slack
+    r"|\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"  # Google API key
+    r"|\b[rs]k_live_[0-9A-Za-z]{24,}"  # Stripe live secret / restricted key
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"  # JWT
+)
+_ASSIGN = re.compile(
+    r"(?i)\b\w*?(?:api[_-]?key|secret|token|passwd|password|private[_-]?key|access[_-]?key)\w*[\"']?"
+    r"\s*(?:\[[^\]\n]{0,16}\]\s*)?(?:=>|:=|[:=,(])?\s*(?:u8|[uUL])?([\"'])([A-Za-z0-9_+/=.~-]+)\1"
+)
+_SECRET_WORD = re.compile(r"(?i)api[_-]?key|secret|token|passw|private|access")
+_EMAIL = re.compile(
+    r"(?<![\w.%+-])[A-Za-z0-9](?:[A-Za-z0-9._%+-]{0,63})@"
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![\w-])"
+)
+_HOME = re.compile(
+    r"(?<![\w.~%-])/(?:home|Users)/[A-Za-z0-9_-](?:[A-Za-z0-9._-]*[A-Za-z0-9_-])?(/)?"
+    r"|(?<![\w])[A-Za-z]:(\\\\|\\|/)Users\2[^\\/\s\"'<>:*?|]+(\2)?"
+)
+_V6 = re.compile(r"(?<![\w:.%])[0-9A-Fa-f]*:[0-9A-Fa-f:.]*(?:%[0-9A-Za-z_-]+)?")
+_V4 = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?!\w|\.\w)")
+_OCTET = re.compile(r"0|[1-9]\d{0,2}")
+#: Words (and standard names: C++14, ECMA-262, IEEE 802.11-2012, ISO 14882) after which a
+#: dotted quad is a version, section, spec or OID number, not an address.
+_NUMBER_CONTEXT = re.compile(
+    r"(?i)(?:(?<![a-z])(?:version|ver|v|release|rel|rev|revision|sections?|sec|chapters?|clauses?|para"
+    r"|spec|specification|rfc|oid|iso|ieee|ansi|posix|c\+\+\d\d|ecma-\d+|802\.\d+\w*(?:-\d{4})?|14882)|§)"
+    r"[\s:=(\"'_,-]*$"
+)
+_OID_ON_LINE = re.compile(r"(?i)(?<![a-z])oid(?![a-z])")
+_LINE_START = re.compile(r"(?:^|\n)[ \t]*(?:/[/*]+!?|\*+|#)?[ \t]*$")
+_MARKER = re.compile("|".join(re.escape(m.rstrip("/")) for m in REDACTION_MARKERS.values()))
+
+
+class LeakError(ValueError):
+    """Scrubbed output still holds something a detector flags; the message names the kind
+    (never the value)."""
+
+
+@dataclass
+class ScrubResult:
+    """``text``: scrubbed text. ``counts``: redactions per kind (every kind of
+    :data:`KINDS` present, 0 when none). ``samples``: up to ``max_samples`` dicts
+    ``{kind, before, marker}`` in text order, ``before`` being the scrubbed text from
+    ~40 chars before to ~40 chars after the marker (so it holds no redacted value)."""
+
+    text: str
+    counts: dict[str, int] = field(default_factory=dict)
+    samples: list[dict] = field(default_factory=list)
+
+
+def shannon_entropy(s: str) -> float:
+    """Shannon entropy of the character distribution of ``s`` in bits/char (0.0 if empty)."""
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in Counter(s).values()) if n else 0.0
+
+
+def _key_like(value: str) -> bool:
+    return (
+        len(value) >= SECRET_MIN_LEN
+        and not _SECRET_WORD.search(value)
+        and any(c.isdigit() for c in value)
+        and any(c.isalpha() for c in value)
+        and value != REDACTION_MARKERS["secret"]
+        and shannon_entropy(value) >= SECRET_MIN_ENTROPY
+    )
+
+
+def _ipv6_ok(token: str) -> bool:
+    bare = token.split("%")[0]
+    if bare.count(":") < 2 or not any(c.isdigit() for c in bare):
+        return False
+    try:
+        addr = ipaddress.IPv6Address(bare)
+    except ValueError:
+        return False
+    groups = bare.split(":")
+    if "::" not in bare and all(len(g) == 2 for g in groups):
+        return False
+    left, sep, right = bare.partition("::")
+    short_ok = bool(sep) and len(left) == 4 and bool(right)  # "fe80::1", not C++ "A2::a1"
+    return addr not in KEEP_ADDRESSES and (sum(map(bool, groups)) >= 3 or short_ok)
+
+
+def _ipv4_ok(text: str, m: re.Match) -> bool:
+    parts = m.group(0).split(".")
+    if not all(_OCTET.fullmatch(p) and int(p) <= 255 for p in parts):
+        return False
+    if ipaddress.IPv4Address(m.group(0)) in KEEP_ADDRESSES:
+        return False
+    s, e = m.start(), m.end()
+    line_start = text.rfind("\n", 0, s) + 1
+    small = all(int(p) < 100 for p in parts)
+    return not (
+        _NUMBER_CONTEXT.search(text, max(line_start, s - 24), s)  # "version 1.2.3.4", "section 4.1.1.2"
+        or _OID_ON_LINE.search(text, line_start, s)  # '#define X_OID_CN "2.5.4.3"'
+        or re.search(r"\w-$", text[max(0, s - 2) : s])  # "linux-2.6.8.1"
+        or text[s - 1 : s] == "[" and text[e : e + 1] == "]"  # "[22.4.1.2]"
+        or small and _LINE_START.search(text, max(0, s - 16), s)  # "// 23.3.4.2 iterators"
+    )
+
+
+def _spans(text: str) -> list[tuple[int, int, str, str]]:
+    """Non-overlapping ``(start, end, kind, replacement)`` sorted by start."""
+    claimed = [(m.start(), m.end(), "", "") for m in _MARKER.finditer(text)]  # sorted, disjoint
+    starts = [c[0] for c in claimed]
+
+    def claim(s: int, e: int, kind: str, repl: str) -> None:
+        i = bisect.bisect_right(starts, s)
+        if s < e and (i == 0 or claimed[i - 1][1] <= s) and (i == len(starts) or e <= starts[i]):
+            starts.insert(i, s)
+            claimed.insert(i, (s, e, kind, repl))
+
+    secret = REDACTION_MARKERS["secret"]
+    for rx in (_PEM, _TOKEN):
+        for m in rx.finditer(text):
+            claim(m.start(), m.end(), "secret", secret)
+    for m in _ASSIGN.finditer(text):
+        if _key_like(m.group(2)):
+            claim(m.start(2), m.end(2), "secret", secret)
+    for m in _EMAIL.finditer(text):
+        claim(m.start(), m.end(), "email", REDACTION_MARKERS["email"])
+    for m in _HOME.finditer(text):
+        slash = m.group(1) or m.group(3)
+        claim(m.start(), m.end(), "home_path", REDACTION_MARKERS["home_path"] if slash else "<redacted-path>")
+    for m in _V6.finditer(text):
+        token = m.group(0).rstrip(".")
+        end = m.start() + len(token)
+        if re.match(r"[\w(<]", text[end : end + 1]) or not _ipv6_ok(token):
+            continue
+        claim(m.start(), end, "network_address", REDACTION_MARKERS["network_address"])
+    for m in _V4.finditer(text):
+        if _ipv4_ok(text, m):
+            claim(m.start(), m.end(), "network_address", REDACTION_MARKERS["network_address"])
+    return [c for c in claimed if c[2]]
+
+
+def find_leaks(text: str) -> list[tuple[str, str]]:
+    """``(kind, matched_text)`` for every detector match in ``text``, in text order.
+    Redaction markers never count. Empty on properly scrubbed text."""
+    return [(kind, text[s:e]) for s, e, kind, _ in _spans(text)]
+
+
+def scrub_text(text: str, max_samples: int = 3) -> ScrubResult:
+    """Redact e-mails, network addresses, secrets and home paths in ``text``.
+
+    Deterministic and idempotent: scrubbing the output again changes nothing and counts
+    zero. Raises :class:`LeakError` (naming the kinds) if a re-scan of the output still
+    finds something.
+    """
+    out: list[str] = []
+    counts = dict.fromkeys(KINDS, 0)
+    samples: list[dict] = []
+    offsets: list[tuple[int, str, str]] = []
+    pos = size = 0
+    for s, e, kind, repl in _spans(text):
+        out.append(text[pos:s])
+        size += s - pos
+        offsets.append((size, kind, repl))
+        out.append(repl)
+        size += len(repl)
+        pos = e
+        counts[kind] += 1
+    out.append(text[pos:])
+    result = "".join(out)
+    for at, kind, repl in offsets[:max_samples]:
+        samples.append(
+            {"kind": kind, "before": result[max(0, at - 40) : at + len(repl) + 40], "marker": repl}
+        )
+    leaks = find_leaks(result)
+    if leaks:
+        raise LeakError(f"scrub output still holds: {sorted({k for k, _ in leaks})}")
+    return ScrubResult(result, counts, samples)
