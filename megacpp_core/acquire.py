@@ -15,11 +15,15 @@ archive, the entry and the rule, and nothing is written for the partition.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
+import json
 import logging
 import os
 import posixpath
+import subprocess
+import sys
 import tarfile
 import zipfile
 from dataclasses import dataclass
@@ -90,28 +94,43 @@ class FetchedArchive:
 
 # --------------------------------------------------------------------------- indexes
 
+_PIP_CONFIG_PROBE = """
+import json
+from pip._internal.configuration import Configuration
+from pip._internal.models.index import PyPI
+conf = Configuration(isolated=False)
+conf.load()
+print(json.dumps({"items": list(conf.items()), "default": PyPI.simple_url}))
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _pip_index_configuration() -> tuple[tuple[tuple[str, str], ...], str]:
+    # pip's configuration is read in a child process: importing pip's internals here would
+    # load the stdlib distutils and break a later setuptools import (torch, megatron-core).
+    out = subprocess.run([sys.executable, "-c", _PIP_CONFIG_PROBE], check=True, capture_output=True, text=True).stdout
+    doc = json.loads(out)
+    return tuple((k, v) for k, v in doc["items"]), doc["default"]
+
+
 def configured_index_urls() -> list[str]:
     """Simple-API index URLs in the order pip would consult them.
 
     ``MEGACPP_INDEX_URL`` (space separated) wins when set. Otherwise pip's configuration
-    (files and ``PIP_*`` environment) gives ``index-url`` — pip's built-in default when
-    unset — followed by every ``extra-index-url``.
+    (files and ``PIP_*`` environment, read by pip itself in a child process) gives
+    ``index-url`` — pip's built-in default when unset — followed by every
+    ``extra-index-url``.
     """
     override = os.environ.get("MEGACPP_INDEX_URL")
     if override:
         return override.split()
-    from pip._internal.configuration import Configuration  # pip's own config loader
-    from pip._internal.models.index import PyPI
-
-    conf = Configuration(isolated=False)
-    conf.load()
+    items, default = _pip_index_configuration()
     values: dict[str, str] = {}
-    for key, value in conf.items():  # later entries (env) override files
+    for key, value in items:  # later entries (env) override files
         values[key.split(".", 1)[1]] = value
-    index = values.get("index-url") or PyPI.simple_url
+    index = values.get("index-url") or default
     extras = values.get("extra-index-url", "").split()
-    urls = [index] + [u for u in extras if u != index]
-    return urls
+    return [index] + [u for u in extras if u != index]
 
 
 def _project_packages(index_url: str, project: str):

@@ -142,14 +142,19 @@ def _vendored_categories() -> dict[str, str]:
     return out
 
 
+@lru_cache(maxsize=1)
+def _scancode_categories() -> dict[str, str]:
+    """Same mapping from the installed ScanCode's license DB (loads it: ~7 s once)."""
+    from licensedcode.cache import get_licenses_db
+
+    db = get_licenses_db().values()
+    return {lic.spdx_license_key.lower(): lic.category for lic in db if lic.spdx_license_key}
+
+
 def _category(key: str) -> str | None:
     cat = _vendored_categories().get(key)
-    if cat is None and key.startswith("licenseref-scancode-"):
-        from licensedcode.cache import get_licenses_db  # loads ScanCode's DB (~7 s once)
-
-        for lic in get_licenses_db().values():
-            if (lic.spdx_license_key or "").lower() == key:
-                return lic.category
+    if cat is None and key.startswith("licenseref-scancode-"):  # newer than the vendored index
+        cat = _scancode_categories().get(key)
     return cat
 
 
@@ -178,15 +183,19 @@ def _node_class(node, policy: LicensePolicy) -> str:
     return (min if isinstance(node, OR) else max)(classes, key=_RANK.__getitem__)
 
 
-def parse_expression(expr: str | None) -> str | None:
-    """Canonical SPDX rendering of ``expr`` (aliases resolved, e.g. ``GPL-2.0+`` ->
-    ``GPL-2.0-or-later``), or ``None`` when empty or unparsable."""
+def _parse(expr: str | None):
     if not expr or not expr.strip():
         return None
     try:
-        parsed = _licensing().parse(expr)
+        return _licensing().parse(expr)
     except ExpressionError:
         return None
+
+
+def parse_expression(expr: str | None) -> str | None:
+    """Canonical SPDX rendering of ``expr`` (aliases resolved, e.g. ``GPL-2.0+`` ->
+    ``GPL-2.0-or-later``), or ``None`` when empty or unparsable."""
+    parsed = _parse(expr)
     return None if parsed is None else str(parsed)
 
 
@@ -196,24 +205,15 @@ def classify_expression(expr: str | None, policy: LicensePolicy | None = None) -
     ``None``, empty, unparsable or neutral-only expressions are ``unknown``; unknown keys
     are ``unknown``. Never raises on bad input.
     """
-    policy = policy or LicensePolicy()
-    if not expr or not expr.strip():
-        return "unknown"
-    try:
-        parsed = _licensing().parse(expr)
-    except ExpressionError:
-        return "unknown"
-    if parsed is None:
-        return "unknown"
-    cls = _node_class(parsed, policy)
+    parsed = _parse(expr)
+    cls = _NEUTRAL if parsed is None else _node_class(parsed, policy or LicensePolicy())
     return "unknown" if cls == _NEUTRAL else cls
 
 
 def _has_license(expr: str | None, policy: LicensePolicy) -> bool:
-    """True when ``expr`` holds at least one non-neutral symbol."""
-    if not expr:
-        return False
-    return _node_class(_licensing().parse(expr), policy) != _NEUTRAL
+    """True when ``expr`` parses and holds at least one non-neutral symbol."""
+    parsed = _parse(expr)
+    return parsed is not None and _node_class(parsed, policy) != _NEUTRAL
 
 
 def decide(license_class: str, policy: LicensePolicy) -> tuple[str, str]:
@@ -332,6 +332,10 @@ class Scanner:
         return self.scan_text(text, hashlib.sha256(text.encode("utf-8")).hexdigest())
 
 
+def _header_expression(scanner: Scanner, text: str) -> str | None:
+    return parse_expression(scanner.scan(normalize_header(leading_comment(text))))
+
+
 def _combine_and(exprs: list[str]) -> str | None:
     exprs = sorted(set(exprs))
     if not exprs:
@@ -376,10 +380,8 @@ def scan_revision(
     """
     paths = sorted(set(candidates))
     if source in policy.refused_sources:
-        return [
-            {**_row(p, None, "unknown", "default", None, policy), "decision": "refuse", "reason": "source on refusal list"}
-            for p in paths
-        ]
+        refused = {"decision": "refuse", "reason": "source on refusal list"}
+        return [{**_row(p, None, "unknown", "default", None, policy), **refused} for p in paths]
     scanner = scanner or Scanner()
     by_dir: dict[str, list[str]] = {}
     for p in sorted(files):
@@ -390,9 +392,9 @@ def scan_revision(
     def dir_license(d: str) -> tuple[str | None, str | None]:
         if d not in dir_cache:
             found: tuple[str | None, str | None] = (None, None)
-            groups = ([p for p in by_dir.get(d, []) if _PRIMARY_NAME.match(posixpath.basename(p))],
-                      [p for p in by_dir.get(d, []) if not _PRIMARY_NAME.match(posixpath.basename(p))])
-            for group in groups:
+            entries = by_dir.get(d, [])
+            primary = [p for p in entries if _PRIMARY_NAME.match(posixpath.basename(p))]
+            for group in (primary, [p for p in entries if p not in primary]):
                 hits = [(p, e) for p in group if _has_license(e := scanner.scan(files[p]), policy)]
                 if hits:
                     found = (_combine_and([e for _, e in hits]), hits[0][0])
@@ -404,17 +406,13 @@ def scan_revision(
 
     rows = []
     for path in paths:
-        text = files[path]
+        text, lic_file = files[path], None
         if expr := spdx_identifier(text):
-            rows.append(_row(path, expr, classify_expression(expr, policy), "spdx_header", None, policy))
-            continue
-        expr = parse_expression(scanner.scan(normalize_header(leading_comment(text))))
-        if _has_license(expr, policy):
-            rows.append(_row(path, expr, classify_expression(expr, policy), "file_header", None, policy))
-            continue
-        expr, lic_file = dir_license(posixpath.dirname(path))
-        if expr:
-            rows.append(_row(path, expr, classify_expression(expr, policy), "directory_license", lic_file, policy))
+            origin = "spdx_header"
+        elif _has_license(expr := _header_expression(scanner, text), policy):
+            origin = "file_header"
         else:
-            rows.append(_row(path, None, "unknown", "default", None, policy))
+            expr, lic_file = dir_license(posixpath.dirname(path))
+            origin = "directory_license" if expr else "default"
+        rows.append(_row(path, expr, classify_expression(expr, policy), origin, lic_file, policy))
     return rows

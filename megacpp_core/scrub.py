@@ -45,7 +45,6 @@ Hex constants and hash test vectors (md5/sha hex strings) match no detector.
 
 from __future__ import annotations
 
-import bisect
 import ipaddress
 import math
 import re
@@ -174,7 +173,8 @@ def _ipv4_ok(text: str, m: re.Match) -> bool:
     if ipaddress.IPv4Address(m.group(0)) in KEEP_ADDRESSES:
         return False
     s, e = m.start(), m.end()
-    line_start = text.rfind("\n", 0, s) + 1
+    lo = max(0, s - 200)  # line context looked at, bounded to stay linear on huge lines
+    line_start = text.rfind("\n", lo, s) + 1 or lo
     small = all(int(p) < 100 for p in parts)
     return not (
         _NUMBER_CONTEXT.search(text, max(line_start, s - 24), s)  # "version 1.2.3.4", "section 4.1.1.2"
@@ -185,38 +185,43 @@ def _ipv4_ok(text: str, m: re.Match) -> bool:
     )
 
 
+def _merge(claimed: list[tuple], new: list[tuple]) -> list[tuple]:
+    """Add the ``new`` spans (sorted) that overlap no ``claimed`` span (sorted, disjoint)."""
+    out, i = [], 0
+    for span in new:
+        while i < len(claimed) and claimed[i][1] <= span[0]:
+            out.append(claimed[i])
+            i += 1
+        free_right = i == len(claimed) or span[1] <= claimed[i][0]
+        if span[0] < span[1] and free_right and (not out or out[-1][1] <= span[0]):
+            out.append(span)
+    return out + claimed[i:]
+
+
 def _spans(text: str) -> list[tuple[int, int, str, str]]:
-    """Non-overlapping ``(start, end, kind, replacement)`` sorted by start."""
-    claimed = [(m.start(), m.end(), "", "") for m in _MARKER.finditer(text)]  # sorted, disjoint
-    starts = [c[0] for c in claimed]
-
-    def claim(s: int, e: int, kind: str, repl: str) -> None:
-        i = bisect.bisect_right(starts, s)
-        if s < e and (i == 0 or claimed[i - 1][1] <= s) and (i == len(starts) or e <= starts[i]):
-            starts.insert(i, s)
-            claimed.insert(i, (s, e, kind, repl))
-
-    secret = REDACTION_MARKERS["secret"]
-    for rx in (_PEM, _TOKEN):
-        for m in rx.finditer(text):
-            claim(m.start(), m.end(), "secret", secret)
-    for m in _ASSIGN.finditer(text):
-        if _key_like(m.group(2)):
-            claim(m.start(2), m.end(2), "secret", secret)
-    for m in _EMAIL.finditer(text):
-        claim(m.start(), m.end(), "email", REDACTION_MARKERS["email"])
-    for m in _HOME.finditer(text):
-        slash = m.group(1) or m.group(3)
-        claim(m.start(), m.end(), "home_path", REDACTION_MARKERS["home_path"] if slash else "<redacted-path>")
+    """Non-overlapping ``(start, end, kind, replacement)`` sorted by start; detectors in
+    priority order, existing redaction markers claimed first."""
+    secret, net, home = (REDACTION_MARKERS[k] for k in ("secret", "network_address", "home_path"))
+    v6 = []
     for m in _V6.finditer(text):
-        token = m.group(0).rstrip(".")
-        end = m.start() + len(token)
-        if re.match(r"[\w(<]", text[end : end + 1]) or not _ipv6_ok(token):
-            continue
-        claim(m.start(), end, "network_address", REDACTION_MARKERS["network_address"])
-    for m in _V4.finditer(text):
-        if _ipv4_ok(text, m):
-            claim(m.start(), m.end(), "network_address", REDACTION_MARKERS["network_address"])
+        end = m.start() + len(m.group(0).rstrip("."))
+        if not re.match(r"[\w(<]", text[end : end + 1]) and _ipv6_ok(text[m.start() : end]):
+            v6.append((m.start(), end, "network_address", net))
+    passes = [
+        [(m.start(), m.end(), "secret", secret) for m in _PEM.finditer(text)],
+        [(m.start(), m.end(), "secret", secret) for m in _TOKEN.finditer(text)],
+        [(m.start(2), m.end(2), "secret", secret) for m in _ASSIGN.finditer(text) if _key_like(m.group(2))],
+        [(m.start(), m.end(), "email", REDACTION_MARKERS["email"]) for m in _EMAIL.finditer(text)],
+        [
+            (m.start(), m.end(), "home_path", home if m.group(1) or m.group(3) else home[:-1])
+            for m in _HOME.finditer(text)
+        ],
+        v6,
+        [(m.start(), m.end(), "network_address", net) for m in _V4.finditer(text) if _ipv4_ok(text, m)],
+    ]
+    claimed = [(m.start(), m.end(), "", "") for m in _MARKER.finditer(text)]
+    for spans in passes:
+        claimed = _merge(claimed, spans)
     return [c for c in claimed if c[2]]
 
 

@@ -110,5 +110,18 @@ def test_index_urls_follow_pip_configuration(monkeypatch):
     monkeypatch.delenv("MEGACPP_INDEX_URL", raising=False)
     monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.invalid/simple")
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "file:///opt/x/simple")
+    acquire._pip_index_configuration.cache_clear()
     urls = acquire.configured_index_urls()
     assert urls[0] == "https://mirror.invalid/simple" and "file:///opt/x/simple" in urls
+    acquire._pip_index_configuration.cache_clear()
+
+
+def test_index_lookup_leaves_megatron_importable():
+    """Reading pip's configuration must not load the stdlib distutils into this process
+    (setuptools, imported later by torch and megatron-core, asserts on it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from megacpp_core.acquire import configured_index_urls; configured_index_urls(); "
+            "assert 'distutils' not in sys.modules; import setuptools")
+    subprocess.run([sys.executable, "-c", code], check=True, env={k: v for k, v in __import__("os").environ.items() if k != "MEGACPP_INDEX_URL"})
