@@ -92,7 +92,7 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None) -> in
     for sub in ("packed", "megatron", "tokenizer"):
         print(f"  {sub:<10} {layout.stage_dir(sub)}")
     print(f"  card       {layout.card}")
-    print(f"  UI         DAGSTER_HOME={home} MEGACPP_DATA_ROOT={root} dagster dev -w workspace.yaml")
+    print(f"  UI         make ui   (dagster dev with DAGSTER_HOME={home} MEGACPP_DATA_ROOT={root})")
     return 0
 
 

@@ -81,7 +81,9 @@ NEUTRAL_KEYS = frozenset(
     )
 )
 
+#: Per-file decisions (SPEC §4).
 DECISIONS = ("accept", "accept_tagged", "refuse")
+#: Where a file's license came from, strongest evidence first.
 ORIGINS = ("spdx_header", "file_header", "directory_license", "default")
 
 #: Lines searched for an ``SPDX-License-Identifier`` (the SPDX spec asks for it near the top).

@@ -51,12 +51,14 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+#: Replacement per kind (SPEC §4).
 REDACTION_MARKERS = {
     "email": "<redacted-email>",
     "network_address": "<redacted-network-address>",
     "secret": "API_KEY_REDACTED",
     "home_path": "<redacted-path>/",
 }
+#: Redaction kinds, in the key order of ``ScrubResult.counts``.
 KINDS = tuple(REDACTION_MARKERS)
 
 #: Minimum length of an assigned secret value; 16 follows gitleaks' generic-api-key rule
@@ -240,23 +242,21 @@ def scrub_text(text: str, max_samples: int = 3) -> ScrubResult:
     """
     out: list[str] = []
     counts = dict.fromkeys(KINDS, 0)
-    samples: list[dict] = []
-    offsets: list[tuple[int, str, str]] = []
+    at: list[tuple[int, str, str]] = []  # (offset in output, kind, marker)
     pos = size = 0
     for s, e, kind, repl in _spans(text):
-        out.append(text[pos:s])
+        out += [text[pos:s], repl]
         size += s - pos
-        offsets.append((size, kind, repl))
-        out.append(repl)
+        at.append((size, kind, repl))
         size += len(repl)
         pos = e
         counts[kind] += 1
     out.append(text[pos:])
     result = "".join(out)
-    for at, kind, repl in offsets[:max_samples]:
-        samples.append(
-            {"kind": kind, "before": result[max(0, at - 40) : at + len(repl) + 40], "marker": repl}
-        )
+    samples = [
+        {"kind": kind, "before": result[max(0, o - 40) : o + len(repl) + 40], "marker": repl}
+        for o, kind, repl in at[:max_samples]
+    ]
     leaks = find_leaks(result)
     if leaks:
         raise LeakError(f"scrub output still holds: {sorted({k for k, _ in leaks})}")
