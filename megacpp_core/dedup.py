@@ -5,9 +5,12 @@ Two passes over the files that survived quality, license and scrub:
 1. **Exact** — SHA-256 of the UTF-8 text. Cheap, and removes the bulk (vendored copies of
    the same library file in several sdists).
 2. **Near** — MinHash-LSH over 5-token shingles, 128 permutations, Jaccard 0.7 (SPEC §4),
-   on the exact survivors only. LSH candidates are confirmed by the MinHash Jaccard
-   estimate; confirmed pairs are merged with union-find, so chains (A~B, B~C) form one
-   cluster.
+   on the exact survivors only, in keep order. A file is compared only with files already
+   *kept*; its LSH candidates are confirmed by the MinHash Jaccard estimate, and it is
+   dropped when a kept file reaches the threshold (its twin is the most similar one,
+   the earlier in keep order on a tie). So every near drop is within the threshold of
+   the file that replaces it; a chain A~B, B~C with A !~ C keeps A and C. (The
+   cross-source pass with union-find clusters is a separate, later pass.)
 
 Keep policy (SPEC §4): within every duplicate group the record first in *keep order* is
 kept, where keep order is the ascending key ``(LICENSE_RANK[license_class], source_order,
@@ -81,8 +84,8 @@ class DedupResult:
     ``decisions``: one dict per input record, sorted by ``doc_key``, with keys
     ``doc_key`` (str), ``keep`` (bool), ``dup_kind`` (``"exact"``, ``"near"`` or None),
     ``kept_twin`` (doc_key of a kept record, or None when kept), ``jaccard`` (float or
-    None: MinHash-estimated Jaccard to ``kept_twin``, 1.0 for a plain exact copy; may be
-    below the threshold for a member that joined its cluster through a chain),
+    None: MinHash-estimated Jaccard to ``kept_twin``, 1.0 for a plain exact copy; always
+    ≥ the threshold for a near drop),
     ``cluster_id`` (int ≥ 0 shared by a kept record and all its drops, -1 for records in
     no duplicate group; ordinal in keep order of the kept member) and ``content_sha256``
     (hex str of the UTF-8 text).
@@ -187,37 +190,28 @@ def deduplicate(
         else:
             first_with[h] = i
 
-    # Near pass over exact survivors that have tokens. Querying before inserting, in keep
-    # order, finds every LSH-candidate pair once (band collisions are symmetric).
+    # Near pass over exact survivors that have tokens, in keep order. Only kept files are
+    # indexed, so each candidate is a kept file and every drop is confirmed against it.
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)
     sigs: dict[int, MinHash] = {}
-    parent = list(range(n))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    jac: list[float | None] = [None] * n
     for i in range(n):
         if kind[i] is not None:
             continue
         m = minhash_signature(order[i].text, num_perm=num_perm, k=shingle_k, seed=seed)
         if m.is_empty():
             continue
+        best: tuple[float, int] | None = None
         for j in lsh.query(m):
-            if m.jaccard(sigs[j]) >= threshold:
-                a, b = find(i), find(j)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)  # root = member first in keep order
+            est = m.jaccard(sigs[j])
+            if est >= threshold and (best is None or (est, -j) > (best[0], -best[1])):
+                best = (est, j)
+        if best is not None:
+            twin[i], kind[i], jac[i] = best[1], "near", best[0]
+            continue
         lsh.insert(i, m)
         sigs[i] = m
 
-    jac: list[float | None] = [None] * n
-    for i in sigs:
-        root = find(i)
-        if root != i:
-            twin[i], kind[i], jac[i] = root, "near", sigs[i].jaccard(sigs[root])
     for i in range(n):
         if kind[i] == "exact":
             rep = twin[i]

@@ -107,3 +107,22 @@ def test_every_stage_did_real_work(layout):
     assert c["documents"] >= c["files"] and c["max_document_tokens"] <= 8191
     p = layout.read_figures("pack")
     assert p["rows"] >= p["rows_lower_bound"] and 0 <= p["padding_fraction"] < 1
+
+
+def test_inspect_prints_a_decoded_row(layout, capsys):
+    assert main(["inspect", str(layout.stage_dir("packed")), "--row", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "row 0" in out and "--- document 1:" in out
+    assert main(["inspect", str(layout.stage_dir("packed")), "--row", "999999"]) == 2
+
+
+def test_verify_refuses_a_truncated_copy(layout, tmp_path, capsys):
+    import shutil
+
+    src = layout.stage_dir("megatron")
+    for f in src.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    binf = tmp_path / "tiny_text_document.bin"
+    binf.write_bytes(binf.read_bytes()[:-100])
+    assert main(["verify", str(tmp_path / "tiny_text_document")]) == 1
+    assert "bin" in capsys.readouterr().out.lower()
