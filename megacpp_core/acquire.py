@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import logging
 import os

@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import PRODUCER_REVISION, SCHEMA_VERSION
 from . import acquire, chunk, chunk_dedup, dedup, license, megatron, pack, quality, scrub, tokenize
 from . import tokenizer as tk
 from .layout import SnapshotLayout
@@ -248,8 +247,8 @@ def run_dedup(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     keep = {r["doc_key"] for r in result.decisions if r["keep"]}
     kept = docs.filter(pa.array([k in keep for k in d["doc_key"]]))
     # keep order for every later stage: license rank, source order, path
-    order = sorted(range(kept.num_rows), key=lambda i: (dedup.LICENSE_RANK[kept.column("license_class")[i].as_py()],
-                                                        kept.column("source_order")[i].as_py(), kept.column("path")[i].as_py()))
+    k = kept.select(["license_class", "source_order", "path"]).to_pydict()
+    order = sorted(range(kept.num_rows), key=lambda i: (dedup.LICENSE_RANK[k["license_class"][i]], k["source_order"][i], k["path"][i]))
     kept = kept.take(pa.array(order, type=pa.int64()))
     write_parquet(kept, out_dir / "kept.parquet")
     figures = dict(result.figures)
