@@ -1,0 +1,54 @@
+"""Kubernetes deployment files and step pod specs, proven without a cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from megacpp_assets.profiles import HEAVY_STEP_TAGS, POOLS
+
+K8S = Path(__file__).resolve().parent.parent / "k8s"
+
+
+@pytest.mark.parametrize("path", sorted((K8S / "manifests").glob("*.yaml")), ids=lambda p: p.name)
+def test_manifests_validate_against_the_kubernetes_schema(path):
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert docs
+    for doc in docs:
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_rbac_lets_the_sensor_list_pods():
+    docs = list(yaml.safe_load_all((K8S / "manifests" / "rbac.yaml").read_text()))
+    role = next(d for d in docs if d["kind"] == "Role")
+    pods = next(r for r in role["rules"] if "pods" in r["resources"])
+    assert {"list", "watch"} <= set(pods["verbs"])
+    values = yaml.safe_load((K8S / "helm" / "values.yaml").read_text())
+    assert values["runLauncher"]["type"] == "K8sRunLauncher" and values["postgresql"]["enabled"]
+    assert values["global"]["serviceAccountName"] == next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    env = {e["name"]: e.get("value") for e in values["dagster-user-deployments"]["deployments"][0]["env"]}
+    assert env["MEGACPP_PROFILE"] == "production"
+
+
+@pytest.mark.parametrize("step", sorted(HEAVY_STEP_TAGS))
+def test_step_pod_spec_from_our_tags(step):
+    from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
+
+    tags = {k: json.dumps(v) for k, v in HEAVY_STEP_TAGS[step].items()}
+    job = construct_dagster_k8s_job(
+        job_config=DagsterK8sJobConfig(job_image="registry.example.internal/megacpp/code-location:0.1.0",
+                                       dagster_home="/opt/dagster/dagster_home"),
+        args=["dagster", "api", "execute_step"], job_name=f"dagster-step-{step}",
+        user_defined_k8s_config=get_user_defined_k8s_config(tags), component="step_worker",
+        labels={"dagster/run-id": "r1", "dagster/op": step})
+    pod = job.spec.template
+    container = pod.spec.containers[0]
+    want = HEAVY_STEP_TAGS[step]["dagster-k8s/config"]["container_config"]["resources"]
+    assert container.resources.requests == want["requests"] and container.resources.limits == want["limits"]
+    assert container.image.endswith("code-location:0.1.0")
+    assert pod.metadata.labels["dagster/run-id"] == "r1" and pod.metadata.labels["app.kubernetes.io/component"] == "step_worker"
+    assert POOLS[step].startswith("megacpp-")
