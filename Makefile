@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 export DAGSTER_HOME ?= $(CURDIR)/data/dagster_home
 export MEGACPP_DATA_ROOT ?= $(CURDIR)/data
 
-.PHONY: install demo test ui clean
+.PHONY: install sysdeps demo test ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,12 @@ install: $(STAMP)
 demo: install
 	$(BIN)/megacpp run --corpus default
 
-test: install
+# System packages the tests use: Chromium (UI test) and a PostgreSQL server (production storage test).
+sysdeps:
+	@if [ -x /usr/bin/chromium ] && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; else \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium postgresql >/dev/null; fi
+
+test: install sysdeps
 	@$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 

@@ -1,0 +1,132 @@
+"""The Dagster UI in a real browser: headless Chromium driven by Playwright.
+
+Starts ``dagster dev`` (webserver + daemon) on 127.0.0.1 with the ``tiny`` snapshot's
+partitions registered, opens the asset graph, launches a materialization of one
+``repo_revision`` partition of ``source_files`` from the UI, waits for the run to
+succeed, then reads an asset check result and a metadata value from the page, and saves
+screenshots under ``data/test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT, make_data_root
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = PROJECT / "data" / "test-artifacts"
+PARTITION = "tiny/lz4-4.4.5"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def webserver(tmp_path_factory):
+    from dagster import DagsterInstance
+
+    root = make_data_root(tmp_path_factory.mktemp("ui-root"))
+    home = root / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "MEGACPP_DATA_ROOT": str(root)}
+    env.pop("MEGACPP_PROFILE", None)
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        with DagsterInstance.get() as instance:
+            instance.add_dynamic_partitions("snapshot", ["tiny"])
+            instance.add_dynamic_partitions("repo_revision", ["tiny/pybind11-3.1.0", PARTITION, "tiny/xxhash-4.1.0"])
+    finally:
+        os.environ.pop("DAGSTER_HOME", None)
+    port = _free_port()
+    log = open(root / "dagster-dev.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
+                             "-p", str(port)], cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/server_info", timeout=5).status == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, f"dagster dev exited: {(root / 'dagster-dev.log').read_text()[-2000:]}"
+            assert time.monotonic() < deadline, "dagster dev did not come up"
+            time.sleep(2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_materialize_a_partition_from_the_ui(webserver):
+    from playwright.sync_api import expect, sync_playwright
+
+    assert Path(CHROMIUM).exists(), "Chromium is not installed (make test installs Debian's chromium)"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+
+        def dismiss_welcome():
+            page.wait_for_timeout(1500)
+            if page.get_by_role("button", name="Skip").count():
+                page.get_by_role("button", name="Skip").click()
+
+        # the asset graph: both groups and the fan-in edge are there
+        page.goto(f"{webserver}/asset-groups", wait_until="networkidle")
+        dismiss_welcome()
+        page.goto(f"{webserver}/locations/megacpp_assets.definitions:defs/asset-groups/snapshot", wait_until="networkidle")
+        expect(page.get_by_text("dedup_decisions").first).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "ui-asset-graph.png"))
+
+        # launch one partition of source_files from the asset page
+        page.goto(f"{webserver}/assets/source_files", wait_until="networkidle")
+        dismiss_welcome()
+        page.get_by_role("button", name="Materialize…").click()
+        page.get_by_text("Select a partition or create one").click()
+        page.get_by_placeholder("Filter partitions").fill(PARTITION)
+        page.locator("label:visible", has_text=PARTITION).first.click()
+        page.keyboard.press("Escape")
+        page.get_by_role("button", name="Launch 1 run").click()
+        toast = page.get_by_text("Launched run").first
+        toast.wait_for()
+        short_id = toast.inner_text().split()[-1]
+
+        # wait for the run to succeed on its run page
+        page.goto(f"{webserver}/runs", wait_until="networkidle")
+        page.get_by_role("link", name=short_id).first.click()
+        page.wait_for_url("**/runs/**")
+        expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=240_000)
+
+        # a check result and a metadata value, read from the page
+        page.goto(f"{webserver}/assets/source_files?view=checks", wait_until="networkidle")
+        page.get_by_text("hash_matches_pin").first.click()
+        expect(page.get_by_text("Passed").first).to_be_visible()
+        page.goto(f"{webserver}/assets/source_files?view=partitions&partition={PARTITION.replace('/', '%2F')}",
+                  wait_until="networkidle")
+        row = page.locator("tr", has=page.get_by_text("files", exact=True)).first
+        expect(row).to_contain_text("78")  # lz4 4.4.5's sdist holds 78 files
+        page.screenshot(path=str(ARTIFACTS / "ui-materialized.png"))
+        browser.close()
+    assert (ARTIFACTS / "ui-materialized.png").stat().st_size > 10_000
