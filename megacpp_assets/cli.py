@@ -47,8 +47,49 @@ def prepare_environment(data_root: str | None) -> tuple[Path, Path]:
     return root, home
 
 
-def run_snapshot(corpus: str, data_root: str | None = None, instance=None) -> int:
-    """Materialize every asset of a snapshot through Dagster; return an exit code."""
+def revision_is_current(instance, layout, manifest, source) -> bool:
+    """True when every per-revision asset (``REVISION_ASSETS``) of ``source``'s partition is materialized in
+    ``instance`` and the recorded pin (source fields + settings) equals the manifest's now.
+
+    The pin is read from the ``source_files`` materialization metadata and from the stage-0
+    figures under the data root; the scrubbed output must still exist on disk; for a
+    ``local`` source the directory's current content hash must equal the recorded revision.
+    """
+    from dagster import AssetRecordsFilter
+
+    key = manifest.partition_key(source)
+    pin = manifest.revision_pin(source)
+    fig = layout.read_figures("acquire", source.name) or {}
+    if fig.get("pin") != pin or not (layout.revision(source.name) / "scrubbed.parquet").exists():
+        return False
+    if source.kind == "local":  # a directory can change under the same label: compare the content hash
+        from megacpp_core.acquire_local import acquire_local
+
+        if acquire_local(source).revision != fig.get("revision"):
+            return False
+    from megacpp_assets.definitions import REVISION_ASSETS
+
+    for asset_key in [a.key for a in REVISION_ASSETS]:
+        asset_name = asset_key.to_user_string()
+        recs = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=asset_key, asset_partitions=[key]), limit=1).records
+        if not recs:
+            return False
+        if asset_name == "source_files":
+            md = recs[0].asset_materialization.metadata if recs[0].asset_materialization else {}
+            if getattr(md.get("pin"), "value", None) != pin:
+                return False
+    return True
+
+
+def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun: bool = False) -> int:
+    """Materialize every asset of a snapshot through Dagster; return an exit code.
+
+    Revisions already materialized under the same pin (see :func:`revision_is_current`)
+    are skipped unless ``rerun``; the snapshot-wide assets always run. Pins are checked
+    against the index / remote before any run starts (:func:`megacpp_core.acquire.check_pins`).
+    """
+    from megacpp_core.acquire import check_pins
     from megacpp_core.layout import SnapshotLayout
     from megacpp_core.manifest import ManifestError, load_manifest
     from megacpp_core.pipeline import save_manifest_copy
@@ -56,6 +97,7 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None) -> in
     root, home = prepare_environment(data_root)
     try:
         manifest = load_manifest(corpus)
+        check_pins(manifest, SnapshotLayout(root, manifest.name).cache)
     except ManifestError as e:
         print(f"megacpp run: {e}", file=sys.stderr)
         return 2
@@ -76,7 +118,10 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None) -> in
     print(f"  data root    {root}\n  DAGSTER_HOME {home}")
     t0 = time.perf_counter()
     revision_job = defs.resolve_job_def("revision_job")
-    for i, key in enumerate(keys, 1):
+    for i, (source, key) in enumerate(zip(manifest.sources, keys), 1):
+        if not rerun and revision_is_current(instance, layout, manifest, source):
+            print(f"[{i}/{len(keys)}] repo_revision {key} (already materialized with this pin; skipped)")
+            continue
         print(f"[{i}/{len(keys)}] repo_revision {key}")
         result = revision_job.execute_in_process(instance=instance, partition_key=key, run_config=QUIET, raise_on_error=False)
         if not result.success:
@@ -150,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run = sub.add_parser("run", help="materialize a whole snapshot through Dagster")
     p_run.add_argument("--corpus", default="default", help="shipped manifest name (corpora/NAME.yaml) or a manifest path")
     p_run.add_argument("--data-root", default=None, help="data root (default $MEGACPP_DATA_ROOT or ./data)")
+    p_run.add_argument("--rerun", action="store_true", help="re-materialize revisions even when already current")
     p_ver = sub.add_parser("verify", help="verify gate for a Megatron prefix or a packed-shard directory")
     p_ver.add_argument("path")
     p_ins = sub.add_parser("inspect", help="print one packed row decoded")
@@ -159,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging()
     if args.command == "run":
-        return run_snapshot(args.corpus, args.data_root)
+        return run_snapshot(args.corpus, args.data_root, rerun=args.rerun)
     if args.command == "verify":
         from megacpp_checks.verify import main_verify
 

@@ -8,6 +8,7 @@ gate stops everything downstream in the run.
 """
 
 
+import os
 from typing import Any, Callable
 
 from dagster import (
@@ -23,22 +24,26 @@ from dagster import (
     MetadataValue,
     asset,
     define_asset_job,
-    in_process_executor,
 )
 
 from megacpp_core import card, pipeline
 from megacpp_core.pipeline import StageResult
+from megacpp_assets import pod_sensor, profiles, sensors as snapshot_sensors
 from megacpp_resources import DataRootResource, ScanCodeResource
+from megacpp_resources.kubernetes import AlertSinkResource, KubernetesResource
 
 repo_revision = DynamicPartitionsDefinition(name="repo_revision")
 snapshot_partitions = DynamicPartitionsDefinition(name="snapshot")
 
 #: Blocking checks of each asset (SPEC §4 "gate" column).
 CHECKS: dict[str, tuple[str, ...]] = {
-    "source_files": ("hash_matches_pin",),
-    "quality_files": ("counts_add_up", "every_rejection_has_reason"),
-    "license_files": ("every_file_decided",),
-    "scrubbed_files": ("no_refused_license_downstream", "rescan_finds_nothing"),
+    "source_files": ("hash_matches_pin", "source_files_schema"),
+    "quality_files": ("counts_add_up", "every_rejection_has_reason", "quality_schema"),
+    "license_files": ("every_file_decided", "license_schema"),
+    "scrubbed_files": ("no_refused_license_downstream", "rescan_finds_nothing", "scrub_schema"),
+    "minhash_signatures": ("one_signature_per_file",),
+    "lsh_bands_00_07": ("pairs_cross_source",),
+    "lsh_bands_07_14": ("pairs_cross_source",),
     "dedup_decisions": ("each_drop_names_kept_twin",),
     "tokenizer": ("vocab_size_exact", "fixed_special_ids", "round_trip_every_document"),
     "chunked_documents": ("budgets_hold",),
@@ -106,6 +111,40 @@ def license_files(context: AssetExecutionContext, data_root: DataRootResource, s
 scrubbed_files = _revision_asset("scrubbed_files", pipeline.run_scrub, ["license_files"],
                                  "Stage 3: PII and secret scrub of license-accepted files; fail-closed re-scan.")
 
+#: Pod resources of the MinHash steps under the k8s_job_executor (SPEC §5: per-asset
+#: ``dagster-k8s/config`` tags give the MinHash steps their own pods), and their pool.
+MINHASH_OP_TAGS = profiles.HEAVY_STEP_TAGS["minhash"]
+MINHASH_POOL = profiles.POOLS["minhash"]
+
+#: Cross-source LSH band ranges (of 14 bands × 8 rows), one step (pod) each; merged by
+#: union-find in ``dedup_decisions``.
+LSH_BAND_RANGES = ((0, 7), (7, 14))
+
+
+@asset(partitions_def=repo_revision, group_name="per_revision", deps=["scrubbed_files"],
+       check_specs=_specs("minhash_signatures"), kinds={"parquet"}, op_tags=MINHASH_OP_TAGS, pool=MINHASH_POOL,
+       description="Stage 4a: MinHash signatures (uint32[128] per file, 5-token shingles) of one revision.")
+def minhash_signatures(context: AssetExecutionContext, data_root: DataRootResource) -> MaterializeResult:
+    layout, manifest, source = data_root.for_revision(context.partition_key)
+    return to_result("minhash_signatures", pipeline.run_minhash(layout, manifest, source))
+
+
+def _lsh_band_asset(lo: int, hi: int):
+    name = f"lsh_bands_{lo:02d}_{hi:02d}"
+
+    @asset(name=name, partitions_def=snapshot_partitions, group_name="snapshot",
+           deps=[AssetDep("minhash_signatures", partition_mapping=AllPartitionMapping())],
+           check_specs=_specs(name), op_tags=MINHASH_OP_TAGS, pool=MINHASH_POOL,
+           description=f"Stage 4b: cross-source LSH candidate pairs of bands {lo}-{hi - 1} (14 x 8 over 112 permutations).")
+    def _a(context: AssetExecutionContext, data_root: DataRootResource) -> MaterializeResult:
+        layout, manifest = data_root.for_snapshot(context.partition_key)
+        return to_result(name, pipeline.run_lsh_bands(layout, manifest, lo, hi))
+
+    return _a
+
+
+LSH_BAND_ASSETS = [_lsh_band_asset(lo, hi) for lo, hi in LSH_BAND_RANGES]
+
 
 def _snapshot_asset(name: str, stage: Callable[..., StageResult], deps: list, description: str, final: bool = False):
     @asset(name=name, partitions_def=snapshot_partitions, group_name="snapshot", deps=deps,
@@ -123,9 +162,10 @@ def _snapshot_asset(name: str, stage: Callable[..., StageResult], deps: list, de
 
 
 dedup_decisions = _snapshot_asset(
-    "dedup_decisions", pipeline.run_dedup,
-    [AssetDep("scrubbed_files", partition_mapping=AllPartitionMapping())],
-    "Stage 4: SHA-256 exact dedup, then MinHash-LSH near dedup across every source of the snapshot.")
+    "dedup_decisions", lambda layout, manifest: pipeline.run_dedup(layout, manifest, list(LSH_BAND_RANGES)),
+    [AssetDep("scrubbed_files", partition_mapping=AllPartitionMapping())] + [a.key for a in LSH_BAND_ASSETS],
+    "Stage 4: SHA-256 exact dedup, MinHash-LSH near dedup within each source, then the cross-source "
+    "union-find pass over the merged band-range candidate pairs; writes duplicate_clusters.")
 tokenizer = _snapshot_asset("tokenizer", pipeline.run_tokenizer, ["dedup_decisions"],
                             "Stage 5: byte-level BPE trained on the deduplicated snapshot; special tokens at IDs 0-63.")
 chunked_documents = _snapshot_asset("chunked_documents", pipeline.run_chunk, ["tokenizer"],
@@ -140,18 +180,23 @@ megatron_dataset = _snapshot_asset("megatron_dataset", pipeline.run_format, ["pa
                                    "Stage 10: Megatron .bin/.idx (int32 ids) and the verify gate; writes the dataset card.",
                                    final=True)
 
-REVISION_ASSETS = [source_files, quality_files, license_files, scrubbed_files]
-SNAPSHOT_ASSETS = [dedup_decisions, tokenizer, chunked_documents, chunk_dedup, tokenized_documents, packed_rows, megatron_dataset]
+REVISION_ASSETS = [source_files, quality_files, license_files, scrubbed_files, minhash_signatures]
+SNAPSHOT_ASSETS = [*LSH_BAND_ASSETS, dedup_decisions, tokenizer, chunked_documents, chunk_dedup, tokenized_documents, packed_rows, megatron_dataset]
 
 revision_job = define_asset_job("revision_job", selection=AssetSelection.groups("per_revision"),
-                                partitions_def=repo_revision, executor_def=in_process_executor,
+                                partitions_def=repo_revision, executor_def=profiles.executor(),
                                 description="Stages 0-3 for one repo_revision partition.")
 snapshot_job = define_asset_job("snapshot_job", selection=AssetSelection.groups("snapshot"),
-                                partitions_def=snapshot_partitions, executor_def=in_process_executor,
+                                partitions_def=snapshot_partitions, executor_def=profiles.executor(),
                                 description="Stages 4-10 for one snapshot, fanning in from its revisions.")
 
 defs = Definitions(
-    assets=REVISION_ASSETS + SNAPSHOT_ASSETS,
+    assets=REVISION_ASSETS + SNAPSHOT_ASSETS + [pod_sensor.k8s_workers],
+    asset_checks=[pod_sensor.running_pods_nonzero],
     jobs=[revision_job, snapshot_job],
-    resources={"data_root": DataRootResource(), "scancode": ScanCodeResource()},
+    sensors=[pod_sensor.running_pods_sensor, *snapshot_sensors.SENSORS],
+    schedules=snapshot_sensors.build_schedules(),
+    resources={"data_root": DataRootResource(), "scancode": ScanCodeResource(),
+               "kubernetes": KubernetesResource(), "alerts": AlertSinkResource(
+                   webhook_url=os.environ.get("MEGACPP_ALERT_WEBHOOK", ""))},
 )

@@ -20,8 +20,9 @@ POOLS = {"minhash": "megacpp-minhash", "libclang": "megacpp-libclang"}
 
 #: ``dagster-k8s/config`` op tags giving heavy steps their own pod resources.
 HEAVY_STEP_TAGS = {
+    # one revision's signatures (numpy, single-threaded) or one band range's pair index
     "minhash": {"dagster-k8s/config": {"container_config": {"resources": {
-        "requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"cpu": "8", "memory": "32Gi"}}}}},
+        "requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}}}},
     "libclang": {"dagster-k8s/config": {"container_config": {"resources": {
         "requests": {"cpu": "8", "memory": "16Gi"}, "limits": {"cpu": "16", "memory": "32Gi"}}}}},
 }

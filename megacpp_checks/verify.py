@@ -63,13 +63,15 @@ def write_sidecar(
     documents_path: str | os.PathLike,
     document_key_column: str = "doc_key",
     document_text_column: str = "text",
+    extra: dict | None = None,
 ) -> Path:
     """Write ``prefix.json`` atomically (sorted keys, deterministic) and return its path.
 
     ``documents_path`` is a parquet file whose row i holds the source text of Megatron
     document i (without the BOS) in ``document_text_column`` and its key in
     ``document_key_column``. Paths are stored relative to the sidecar's directory.
-    Raises ``ValueError`` for a non-positive ``vocab_size``.
+    ``extra`` (e.g. export level, row length) is merged in without overriding core keys.
+    Raises ``ValueError`` for a non-positive ``vocab_size`` or a clashing ``extra`` key.
     """
     if vocab_size <= 0:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
@@ -84,6 +86,10 @@ def write_sidecar(
         "document_key_column": document_key_column,
         "document_text_column": document_text_column,
     }
+    clash = sorted(set(extra or {}) & set(doc))
+    if clash:
+        raise ValueError(f"extra sidecar keys {clash} clash with core keys")
+    doc.update(extra or {})
     return atomic_write_text(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
@@ -128,6 +134,7 @@ def verify_megatron(
     prefix: str | os.PathLike,
     vocab_size: int | None = None,
     out: Callable[[str], object] = print,
+    tokenizer_sha256: str | None = None,
 ) -> VerifyReport:
     """Run the SPEC §7 gate on ``prefix.bin``/``prefix.idx``/``prefix.json``.
 
@@ -139,7 +146,8 @@ def verify_megatron(
     exactly to row 0; then the first 64 tokens of document zero are printed.
 
     ``vocab_size`` defaults to the sidecar's; when given and different, that is a failure
-    too and the given value is used. Checks whose inputs failed earlier are skipped and
+    too and the given value is used. ``tokenizer_sha256``, when given, must equal the
+    sidecar's (a pair made with another tokenizer is refused). Checks whose inputs failed earlier are skipped and
     listed in ``figures["skipped"]``. Never raises for bad data: every problem becomes a
     ``failures`` entry naming the file and the rule. ``out`` receives the progress lines.
     """
@@ -166,6 +174,9 @@ def verify_megatron(
         if vocab_size is not None and vocab_size != sidecar["vocab_size"]:
             fail(s, f"vocab_size {sidecar['vocab_size']} != expected {vocab_size}", "sidecar")
         vocab_size = vocab_size if vocab_size is not None else sidecar["vocab_size"]
+        if tokenizer_sha256 is not None and tokenizer_sha256 != sidecar["tokenizer_sha256"]:
+            fail(s, f"made with tokenizer sha256 {sidecar['tokenizer_sha256']}, expected {tokenizer_sha256}",
+                 "tokenizer-sha256")
     figures["vocab_size"] = vocab_size
 
     info: IndexInfo | None = None

@@ -1,5 +1,11 @@
 """Stage 0 — acquire: fetch a pinned source, check its hash, read it safely (SPEC §3).
 
+:func:`acquire_source` is the stage's entry: it dispatches on the source kind —
+``pypi`` and ``archive`` here, ``git`` in :mod:`megacpp_core.acquire_git`, ``local`` in
+:mod:`megacpp_core.acquire_local` — and returns the files with their revision (archive
+sha256, commit sha or local content hash). :func:`source_files_table` turns that into the
+``source_files`` table.
+
 ``pypi`` sources are sdists located through the simple repository API of the package
 indexes that pip on this machine is configured with (``index-url`` first, then each
 ``extra-index-url``, from pip's own configuration files and ``PIP_*`` environment
@@ -33,7 +39,7 @@ from urllib.request import url2pathname
 
 import pyarrow as pa
 
-from .manifest import Source
+from .manifest import Manifest, ManifestError, Source
 
 log = logging.getLogger("megacpp.acquire")
 
@@ -197,14 +203,9 @@ def fetch_pypi_sdist(source: Source, cache_root: Path) -> FetchedArchive:
     """
     want = source.sha256
     assert want and source.package and source.version
-    hit_dir = Path(cache_root) / "sha256" / want[:2] / want
-    if hit_dir.is_dir():
-        for f in sorted(hit_dir.iterdir()):
-            if f.is_file() and not f.name.endswith(".part"):
-                if _hash_file(f) == want:
-                    return FetchedArchive(f, want, f.name, True, None)
-                log.warning("%s: cached file %s is corrupt; fetching again", source.name, f)
-                f.unlink()
+    hit = _cached(cache_root, want, source.name)
+    if hit:
+        return hit
     tried = []
     for index_url in configured_index_urls():
         tried.append(index_url)
@@ -241,6 +242,144 @@ def fetch_pypi_sdist(source: Source, cache_root: Path) -> FetchedArchive:
     )
 
 
+def _cached(cache_root: Path, want: str, name: str) -> FetchedArchive | None:
+    hit_dir = Path(cache_root) / "sha256" / want[:2] / want
+    if hit_dir.is_dir():
+        for f in sorted(hit_dir.iterdir()):
+            if f.is_file() and not f.name.endswith(".part"):
+                if _hash_file(f) == want:
+                    return FetchedArchive(f, want, f.name, True, None)
+                log.warning("%s: cached file %s is corrupt; fetching again", name, f)
+                f.unlink()
+    return None
+
+
+def fetch_archive(source: Source, cache_root: Path) -> FetchedArchive:
+    """Download (``url``) or copy (``path``) the archive of an ``archive`` source into the cache.
+
+    The bytes are hashed while they are copied; a mismatch with the pinned sha256 raises
+    :class:`HashMismatchError` and keeps nothing. A cached file whose sha256 still matches
+    is reused without touching the URL or path. Raises :class:`AcquireError` when the path
+    does not exist or the URL cannot be fetched.
+    """
+    want = source.sha256
+    assert want and (source.url or source.path)
+    hit = _cached(cache_root, want, source.name)
+    if hit:
+        return hit
+    loc = source.url or Path(source.path).as_uri()
+    filename = loc.rstrip("/").rsplit("/", 1)[-1]
+    if source.path and not Path(source.path).is_file():
+        raise AcquireError(f"source {source.name}: archive path {source.path} does not exist")
+    dest = cache_path(cache_root, want, filename)
+    try:
+        got = _download(loc, dest)
+    except (OSError, ValueError) as e:
+        raise AcquireError(f"source {source.name}: cannot fetch {loc}: {e}") from e
+    except Exception as e:  # requests' errors (connection, HTTP status)
+        raise AcquireError(f"source {source.name}: cannot fetch {loc}: {e}") from e
+    if got != want:
+        dest.unlink(missing_ok=True)
+        raise HashMismatchError(f"source {source.name}: {filename} has sha256 {got}, but the manifest pins {want}")
+    return FetchedArchive(dest, want, filename, False, None)
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """What stage 0 read for one source.
+
+    ``files``: ``(path inside the source, bytes)`` sorted by path; ``revision``: the
+    archive sha256 (``pypi``, ``archive``), the resolved commit sha (``git``) or the local
+    content hash (``local``); ``archive_sha256``: sha256 of the fetched archive file, or
+    ``None`` for ``git`` and ``local``; ``origin``: archive file name, URL@tag or directory;
+    ``from_cache``: True when no network was used.
+    """
+
+    files: list[tuple[str, bytes]]
+    revision: str
+    archive_sha256: str | None
+    origin: str
+    from_cache: bool
+    pin_ok: bool = True
+
+
+def acquire_source(source: Source, cache_root: Path, limits: ArchiveLimits | None = None) -> Acquired:
+    """Fetch (or reuse) a source of any kind and read its files safely.
+
+    Raises :class:`AcquireError` (fetch or pin failure), :class:`HashMismatchError` or
+    :class:`UnsafeArchiveError` (hostile archive, git tree or local directory).
+    """
+    limits = limits or ArchiveLimits()
+    if source.kind in ("pypi", "archive"):
+        fetched = fetch_pypi_sdist(source, cache_root) if source.kind == "pypi" else fetch_archive(source, cache_root)
+        files = strip_common_root(list(iter_archive(fetched.path, limits)))
+        files.sort(key=lambda x: x[0])
+        return Acquired(files, fetched.sha256, fetched.sha256, fetched.filename, fetched.from_cache,
+                        pin_ok=fetched.sha256 == source.sha256)
+    if source.kind == "git":
+        from . import acquire_git
+
+        return acquire_git.acquire_git(source, cache_root, limits)
+    if source.kind == "local":
+        from . import acquire_local
+
+        return acquire_local.acquire_local(source, limits)
+    raise AcquireError(f"source {source.name}: unknown kind {source.kind!r}")
+
+
+def check_pins(manifest: Manifest, cache_root: Path) -> None:
+    """Check, before a run, that every pin can be satisfied; raise :class:`ManifestError`
+    naming the manifest, the source and the field otherwise.
+
+    ``pypi``: the version must exist as an sdist on a configured index (skipped when the
+    pinned file is already cached, and when no index answers — the fetch then reports
+    it); ``git``: ``tag`` must be a tag, not a branch (skipped when the tag's resolution
+    is cached); ``archive``: ``path`` must exist unless cached; ``local``: the directory
+    must exist.
+    """
+    from . import acquire_git, acquire_local
+
+    for s in manifest.sources:
+        where = f"{manifest.path}: source {s.name!r}"
+        if s.kind == "pypi":
+            if _cached_any(cache_root, s.sha256):
+                continue
+            answered = False
+            versions: set[str] = set()
+            for index_url in configured_index_urls():
+                try:
+                    packages = _project_packages(index_url, s.package)
+                except Exception as e:
+                    log.warning("%s: index %s unavailable: %s", s.name, index_url, e)
+                    continue
+                answered = True
+                versions |= {p.version for p in packages if p.package_type == "sdist"}
+                if s.version in versions:
+                    break
+            if answered and s.version not in versions:
+                raise ManifestError(f"{where}: field 'version': {s.package}=={s.version} has no sdist on the configured "
+                                    f"indexes (sdist versions there: {len(versions)})")
+        elif s.kind == "git":
+            if acquire_git.cached_resolution(s, cache_root) is None:
+                try:
+                    acquire_git.resolve_tag(s)
+                except AcquireError as e:
+                    raise ManifestError(f"{where}: field 'tag': {e}") from None
+        elif s.kind == "archive":
+            if s.path and not _cached_any(cache_root, s.sha256) and not Path(s.path).is_file():
+                raise ManifestError(f"{where}: field 'path': {s.path} does not exist")
+        elif s.kind == "local":
+            try:
+                acquire_local.local_root(s)
+            except AcquireError as e:
+                raise ManifestError(f"{where}: field '{'path' if s.path else 'python_package'}': {e}") from None
+
+
+def _cached_any(cache_root: Path, sha: str | None) -> bool:
+    d = Path(cache_root) / "sha256" / (sha or "xx")[:2] / (sha or "")
+    return bool(sha) and d.is_dir() and any(f.is_file() and not f.name.endswith(".part") for f in d.iterdir())
+
+
 # --------------------------------------------------------------------------- archives
 
 def _check_name(archive: str, name: str) -> str:
@@ -265,26 +404,37 @@ def _link_target_ok(name: str, target: str) -> bool:
     return not (joined == ".." or joined.startswith("../"))
 
 
-def iter_archive(path: Path, limits: ArchiveLimits = ArchiveLimits()) -> Iterator[tuple[str, bytes]]:
+def iter_archive(path: Path, limits: ArchiveLimits = ArchiveLimits(), name: str | None = None) -> Iterator[tuple[str, bytes]]:
     """Yield ``(member path, bytes)`` for each regular file of a tar or zip archive.
 
     Links that stay inside the archive are skipped (never followed); links pointing
     outside, device files, FIFOs, absolute or ``..`` names, duplicate entries,
     undecodable names, and archives over the size, count or ratio limits raise
     :class:`UnsafeArchiveError`. All checks run on the member list before any content
-    is read, so a refused archive yields nothing.
+    is read, so a refused archive yields nothing. Errors name the archive by ``name``
+    (default: the file name).
     """
-    archive = path.name
+    path = Path(path)
+    archive = name or path.name
     compressed = max(path.stat().st_size, 1)
     seen: set[str] = set()
     total = 0
     if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
+        try:
+            zf = zipfile.ZipFile(path)
+        except UnicodeDecodeError as e:
+            raise UnsafeArchiveError(archive, repr(e.object[e.start:e.end + 16]), "entry name is not valid UTF-8") from None
+        except zipfile.BadZipFile as e:
+            raise AcquireError(f"{archive}: not a readable zip archive: {e}") from e
+        with zf:
             infos = zf.infolist()
             if len(infos) > limits.max_entries:
                 raise UnsafeArchiveError(archive, infos[limits.max_entries].filename, f"more than {limits.max_entries} entries")
             members = []
             for info in infos:
+                if not info.flag_bits & 0x800 and not info.filename.isascii():
+                    # no UTF-8 flag: the name was decoded as cp437; its real encoding is unknown
+                    raise UnsafeArchiveError(archive, info.filename, "entry name is not valid UTF-8 (legacy zip name encoding)")
                 name = _check_name(archive, info.filename)
                 if name in seen:
                     raise UnsafeArchiveError(archive, info.filename, "duplicate entry")
@@ -292,6 +442,8 @@ def iter_archive(path: Path, limits: ArchiveLimits = ArchiveLimits()) -> Iterato
                 mode = (info.external_attr >> 16) & 0o170000
                 if mode == 0o120000:
                     raise UnsafeArchiveError(archive, info.filename, "symlink in zip archive")
+                if mode in (0o020000, 0o060000, 0o010000, 0o140000):
+                    raise UnsafeArchiveError(archive, info.filename, "device file or FIFO")
                 if info.is_dir():
                     continue
                 total += info.file_size
@@ -366,6 +518,7 @@ SOURCE_FILES_SCHEMA = pa.schema([
     ("source", pa.string()),
     ("kind", pa.string()),
     ("version", pa.string()),
+    ("revision", pa.string()),
     ("archive_sha256", pa.string()),
     ("path", pa.string()),
     ("size", pa.int64()),
@@ -376,25 +529,26 @@ SOURCE_FILES_SCHEMA = pa.schema([
 ])
 
 
-def source_files_table(snapshot: str, source: Source, archive: FetchedArchive,
-                       limits: ArchiveLimits = ArchiveLimits()) -> pa.Table:
-    """Read every regular file of the archive into the ``source_files`` table.
+def source_files_table(snapshot: str, source: Source, acquired: Acquired) -> pa.Table:
+    """The ``source_files`` table of one source (SOURCE_FILES_SCHEMA), one row per file.
 
-    Columns (SOURCE_FILES_SCHEMA): provenance (snapshot, source, kind, version,
-    archive sha256), ``path`` inside the source, ``size`` in bytes, ``content_sha256``,
-    ``language`` (None for non-C/C++ files, which later stages still use for license
-    files), ``doc_key`` = ``SOURCE/PATH`` (stable across runs), and the raw ``content``.
-    Rows are sorted by path. Raises :class:`UnsafeArchiveError` on a hostile archive.
+    Columns: provenance — ``snapshot``, ``source`` (name), ``kind``, ``version`` (version,
+    tag or label), ``revision`` (archive sha256 / commit sha / local hash),
+    ``archive_sha256`` (null for git and local); ``path`` inside the source (POSIX,
+    common top directory of an archive stripped); ``size`` in bytes; ``content_sha256``;
+    ``language`` (``c``, ``cpp``, ``header``, ``cuda`` from the extension, None for other
+    files, which later stages still use for license files); ``doc_key`` = ``SOURCE/PATH``
+    (stable across runs, used by every later stage); the raw ``content``. Rows are sorted
+    by path.
     """
-    files = strip_common_root(list(iter_archive(archive.path, limits)))
-    files.sort(key=lambda x: x[0])
     cols: dict[str, list] = {f.name: [] for f in SOURCE_FILES_SCHEMA}
-    for p, data in files:
+    for p, data in sorted(acquired.files, key=lambda x: x[0]):
         cols["snapshot"].append(snapshot)
         cols["source"].append(source.name)
         cols["kind"].append(source.kind)
         cols["version"].append(source.version)
-        cols["archive_sha256"].append(archive.sha256)
+        cols["revision"].append(acquired.revision)
+        cols["archive_sha256"].append(acquired.archive_sha256)
         cols["path"].append(p)
         cols["size"].append(len(data))
         cols["content_sha256"].append(hashlib.sha256(data).hexdigest())

@@ -10,7 +10,7 @@ from .layout import SnapshotLayout
 from .manifest import Manifest
 from .tables import atomic_write_text
 
-REVISION_STAGES = ("acquire", "quality", "license", "scrub")
+REVISION_STAGES = ("acquire", "quality", "license", "scrub", "minhash")
 SNAPSHOT_STAGES = ("dedup", "tokenizer", "chunk", "chunk_dedup", "tokenize", "pack", "format")
 
 
@@ -21,6 +21,36 @@ def _fmt(n) -> str:
 def _add(acc: dict, d: dict) -> None:
     for k, v in d.items():
         acc[k] = acc.get(k, 0) + v
+
+
+def _pct(x) -> str:
+    return f"{100 * float(x or 0):.2f} %"
+
+
+def dedup_section(d: dict) -> list[str]:
+    """Markdown lines of the stage-4 section from the ``dedup`` figures: exact, near and
+    cross-source removal counts and rates, the LSH settings with effective thresholds and
+    candidate probabilities, and the ten largest clusters with their members."""
+    L = ["", "## Stage 4 — dedup", "",
+         f"Files in {_fmt(d.get('files_in', 0))}; files out {_fmt(d.get('files_out', 0))}, {_fmt(d.get('bytes_out', 0))} bytes.", "",
+         "| pass | removed | rate | settings |", "|---|---:|---:|---|",
+         f"| exact duplicates removed (SHA-256) | {_fmt(d.get('exact_removed', 0))} | {_pct(d.get('exact_removal_rate'))} | across every revision |",
+         f"| near, within a source | {_fmt(d.get('near_removed', 0))} | {_pct(d.get('near_removal_rate'))} | MinHash {d.get('num_perm')} "
+         f"permutations, {d.get('shingle_k')}-token shingles, Jaccard {d.get('threshold')}, LSH {d.get('lsh_bands')}×{d.get('lsh_rows')}, "
+         f"effective threshold {_fmt(d.get('effective_threshold', 0.0))} |",
+         f"| cross-source (union-find) | {_fmt(d.get('cross_source_removed', 0))} | {_pct(d.get('cross_source_removal_rate'))} | "
+         f"{d.get('cross_num_perm')} permutations, LSH {d.get('cross_lsh_bands')}×{d.get('cross_lsh_rows')}, effective threshold "
+         f"{_fmt(d.get('cross_effective_threshold', 0.0))}; {_fmt(d.get('cross_source_clusters', 0))} clusters |"]
+    near_p, cross_p = d.get("candidate_probability") or {}, d.get("cross_candidate_probability") or {}
+    if near_p:
+        L += ["", "LSH candidate probability at Jaccard J (1 − (1 − J^r)^b):", "", "| J | near | cross-source |", "|---:|---:|---:|"]
+        L += [f"| {j} | {_fmt(near_p[j])} | {_fmt(cross_p.get(j, 0.0))} |" for j in sorted(near_p)]
+    clusters = d.get("largest_clusters") or []
+    if clusters:
+        L += ["", f"Ten largest duplicate clusters (of {_fmt(d.get('clusters', 0))}; kept member first):", "",
+              "| cluster | size | kept | dropped members |", "|---:|---:|---|---|"]
+        L += [f"| {c['cluster_id']} | {c['size']} | `{c['kept']}` | {', '.join(f'`{m}`' for m in c['members'])} |" for c in clusters]
+    return L
 
 
 def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
@@ -44,33 +74,36 @@ def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
     qin = qout = bin_ = bout = 0
     classes: dict = {}
     decisions: dict = {}
+    origins: dict = {}
     redactions: dict = {}
-    samples: list = []
+    per_source: list = []
     for s in manifest.sources:
         q = rev["quality"][s.name] or {}
         _add(rejected, q.get("rejected", {}))
         qin += q.get("files_in", 0); qout += q.get("files_out", 0)
         bin_ += q.get("bytes_in", 0); bout += q.get("bytes_out", 0)
         lic = rev["license"][s.name] or {}
-        _add(classes, lic.get("classes", {})); _add(decisions, lic.get("decisions", {}))
+        _add(classes, lic.get("classes", {})); _add(decisions, lic.get("decisions", {})); _add(origins, lic.get("origins", {}))
         sc = rev["scrub"][s.name] or {}
         _add(redactions, sc.get("redactions", {}))
-        samples += sc.get("samples", [])
-    L += ["", "## Stage 1 — quality", "", f"Files in {_fmt(qin)} ({_fmt(bin_)} bytes) → kept {_fmt(qout)} ({_fmt(bout)} bytes).", "",
+        per_source.append(list(sc.get("samples", [])))
+    # 20 samples for review, taken round-robin over the sources (manifest order) so one
+    # source's many redactions do not crowd out the others
+    samples = [lst[i] for i in range(max(map(len, per_source), default=0)) for lst in per_source if i < len(lst)][:20]
+    L += ["", "## Stage 1 — quality", "", f"Files in {_fmt(qin)} ({_fmt(bin_)} bytes) → kept {_fmt(qout)} ({_fmt(bout)} bytes). "
+          "Every rejected file is listed with its filter and measured value in `revisions/SOURCE/exclusions.parquet`.", "",
           "| filter | rejected |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in rejected.items()]
     L += ["", "## Stage 2 — license", "", "| class | files |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in sorted(classes.items())]
     L += ["", "| decision | files |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in sorted(decisions.items())]
+    L += ["", "| decided from | files |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in sorted(origins.items())]
     L += ["", "## Stage 3 — scrub", "", "| kind | redactions |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in redactions.items()]
     if samples:
-        L += ["", "Sampled redactions in context:", ""] + [f"- `{x.get('doc_key')}` ({x.get('kind')}): `{' '.join(str(x.get('before', '')).split())[:120]}`" for x in samples[:20]]
+        L += ["", f"{len(samples)} sampled redactions in context, for human review:", ""]
+        L += [f"- `{x.get('doc_key')}` ({x.get('kind')}): `{' '.join(str(x.get('before', '')).split())[:160].replace('`', chr(39))}`"
+              for x in samples]
 
     d = snap["dedup"] or {}
-    L += ["", "## Stage 4 — dedup", "",
-          f"Files in {_fmt(d.get('files_in', 0))}; exact duplicates removed {_fmt(d.get('exact_removed', 0))}; "
-          f"near duplicates removed {_fmt(d.get('near_removed', 0))} (MinHash {d.get('num_perm')} permutations, "
-          f"Jaccard {d.get('threshold')}, {d.get('shingle_k')}-token shingles, LSH {d.get('lsh_bands')}×{d.get('lsh_rows')}, "
-          f"effective threshold {_fmt(d.get('effective_threshold', 0.0))}); files out {_fmt(d.get('files_out', 0))}, "
-          f"{_fmt(d.get('bytes_out', 0))} bytes."]
+    L += dedup_section(d)
     t = snap["tokenizer"] or {}
     L += ["", "## Stage 5 — tokenizer", "",
           f"Vocabulary {_fmt(t.get('vocab_size', 0))}: 64 special, {_fmt(t.get('learned', 0))} learned BPE, "
@@ -87,8 +120,14 @@ def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
           f"Tokens (with BOS) {_fmt(tz.get('tokens', 0))} over {_fmt(tz.get('documents', 0))} documents "
           f"({_fmt(tz.get('bytes_per_token', 0.0))} bytes/token).",
           f"Rows {_fmt(p.get('rows', 0))} of {_fmt(p.get('row_length', 0))} tokens (lower bound {_fmt(p.get('rows_lower_bound', 0))}; "
-          f"{_fmt(p.get('validation_rows', 0))} validation); padding fraction {_fmt(p.get('padding_fraction', 0.0))}.",
-          f"Megatron: `{f.get('prefix', '')}` — {_fmt(f.get('documents', 0))} documents, dtype {f.get('dtype', '')}, "
+          f"{_fmt(p.get('validation_rows', 0))} validation; rows / lower bound ⌈tokens / L⌉ = {_fmt(p.get('rows_over_lower_bound', 0.0))}); "
+          f"padding fraction {_fmt(p.get('padding_fraction', 0.0))}; loss tokens {_fmt(p.get('loss_tokens', 0))}; "
+          f"optional columns {', '.join(p.get('optional_columns') or []) or 'none'}.",
+          f"FIM (rate {p.get('fim_rate')}, SPM share {p.get('fim_spm_share')}, seed {p.get('fim_seed')}): "
+          f"{_fmt(p.get('fim_psm', 0))} PSM, {_fmt(p.get('fim_spm', 0))} SPM, {_fmt(p.get('fim_skipped_too_long', 0))} left whole "
+          f"(no room for the markers); doc-comment policy `{p.get('fim_doc_comment_policy')}` masked "
+          f"{_fmt(p.get('fim_doc_comment_masked_tokens', 0))} tokens in {_fmt(p.get('fim_doc_comment_docs', 0))} documents.",
+          f"Megatron ({f.get('export_level', 'document')}-level): `{f.get('prefix', '')}` — {_fmt(f.get('documents', 0))} sequences, dtype {f.get('dtype', '')}, "
           f"verify {'passed' if f.get('verify_ok') else 'NOT passed'}."]
     L += ["", "## Wall time per stage (seconds)", "", "| stage | seconds |", "|---|---:|"]
     for st in REVISION_STAGES:

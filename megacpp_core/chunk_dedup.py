@@ -4,9 +4,11 @@ Only self-contained semantic units may be dropped: documents whose chunk ``kind`
 of :data:`WHITELIST` (FUNC_BODY, CLASS_DECL, TYPEDEF, NAMESPACE). OTHER, PREAMBLE,
 FUNC_SIGNATURE, CLASS_MEMBER and COMMENT documents are never dropped, whatever their
 content: deduping an ``#include`` block or a forward declaration in isolation breaks the
-code around it. Two whitelisted documents are duplicates when their text is identical
-after collapsing whitespace runs (SHA-256 of the normalized text); the first in input
-order (the snapshot keep order) is kept and every drop names its kept twin.
+code around it. Two whitelisted documents are duplicates when they have the same kind and
+their text is identical after collapsing whitespace runs (SHA-256 of the normalized
+text); the first in input order (the snapshot keep order) is kept and every drop names
+its kept twin, a kept chunk of the same kind. Any other ``kind`` value (unknown, misspelt,
+lower-case or null) is treated as never-droppable.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def normalized_hash(text: str) -> str:
 def dedup_chunks(documents: pa.Table) -> tuple[pa.Table, pa.Table, dict]:
     """Drop duplicate whitelisted chunks from a documents table.
 
-    ``documents`` needs ``doc_key``, ``kind`` and ``text`` columns, in keep order.
+    ``documents`` needs ``doc_key``, ``kind`` and ``text`` columns, in keep order; other
+    columns are carried through. Drops never include a kind outside :data:`WHITELIST`.
     Returns ``(kept_documents, drops, figures)``; ``drops`` has ``doc_key, kind,
     kept_twin``; figures count ``chunks_in``, ``chunks_out``, ``dropped`` per kind.
     """
@@ -44,7 +47,7 @@ def dedup_chunks(documents: pa.Table) -> tuple[pa.Table, pa.Table, dict]:
         if kind not in WHITELIST:
             keep_mask.append(True)
             continue
-        h = normalized_hash(text)
+        h = kind + ":" + normalized_hash(text)
         twin = first.setdefault(h, key)
         if twin == key:
             keep_mask.append(True)

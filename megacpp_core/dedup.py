@@ -1,41 +1,56 @@
 """Stage 4 (SPEC §4): snapshot-wide file deduplication across all sources.
 
-Two passes over the files that survived quality, license and scrub:
+Three passes over the files that survived quality, license and scrub, in this order:
 
-1. **Exact** — SHA-256 of the UTF-8 text. Cheap, and removes the bulk (vendored copies of
-   the same library file in several sdists).
-2. **Near** — MinHash-LSH over 5-token shingles, 128 permutations, Jaccard 0.7 (SPEC §4),
-   on the exact survivors only, in keep order. A file is compared only with files already
-   *kept*; its LSH candidates are confirmed by the MinHash Jaccard estimate, and it is
-   dropped when a kept file reaches the threshold (its twin is the most similar one,
-   the earlier in keep order on a tie). So every near drop is within the threshold of
-   the file that replaces it; a chain A~B, B~C with A !~ C keeps A and C. (The
-   cross-source pass with union-find clusters is a separate, later pass.)
+1. **Exact** — SHA-256 of the UTF-8 text across every revision of the snapshot. Cheap,
+   and removes the bulk (vendored copies of the same file). Counted as ``exact_removed``.
+2. **Near, within a source** — MinHash over 5-token shingles with 128 permutations
+   (:mod:`megacpp_core.minhash`: tokens are runs of ``[A-Za-z0-9_]``), LSH banding chosen
+   by datasketch for Jaccard 0.7 under :data:`LSH_WEIGHTS` (b=20, r=6), on the exact
+   survivors, pairs within one source only. Greedy in keep order: a file is dropped when
+   an LSH candidate that is *kept* has estimated Jaccard ≥ the threshold, verified on
+   the exact Jaccard of the shingle-hash sets (its twin is the most similar one by
+   estimate, the earlier in keep order on a tie), so every near drop is within
+   the threshold of its twin and a chain A~B, B~C with A !~ C keeps A and C.
+3. **Cross-source** — the first 112 values of each signature as 14 bands × 8 rows
+   (SPEC §4), candidate pairs across different sources only, confirmed by the 112-value
+   Jaccard estimate ≥ the threshold and verified on the exact shingle-hash Jaccard, on
+   the survivors of passes 1–2; confirmed pairs are
+   merged with union-find into clusters. The cluster's first member in keep order is
+   kept; every other member is dropped and names it. Union-find is transitive, so a
+   member reached through a chain can be below the threshold to the kept member: its
+   estimate is recorded and counted in ``cross_source_below_threshold``.
+   The candidate pairs may be computed in separate band-range steps
+   (:func:`cross_source_candidates`) and passed in; their union is the same set.
 
-Keep policy (SPEC §4): within every duplicate group the record first in *keep order* is
-kept, where keep order is the ascending key ``(LICENSE_RANK[license_class], source_order,
-path, doc_key)`` — most permissive license first, then the earlier source in the manifest,
-then the lexicographically smaller path. Decisions therefore do not depend on input order.
+Keep policy (SPEC §4): the record first in *keep order* is kept, keep order being the
+ascending key ``(LICENSE_RANK[license_class], source_order, path, doc_key)`` — most
+permissive license first, then the earlier source in the manifest, then the
+lexicographically smaller path. Decisions do not depend on input order.
 
-Every dropped record names ``kept_twin``, a record that is kept. An exact copy of a file
-that was itself dropped as a near duplicate names that file's kept twin (and carries its
-Jaccard estimate); it is still counted as ``"exact"`` because the exact pass removed it.
+Every dropped record names ``kept_twin``, a record that is kept (a drop whose first twin
+was dropped by a later pass follows it to that twin's kept record), and ``jaccard``, the
+128-permutation estimate to the kept twin (1.0 for a byte-identical copy).
 
-Memory: shingles are generated lazily and hashed in batches of :data:`SHINGLE_BATCH`, so
-no document's shingle set is materialised; what is retained per surviving file is one
-signature (``num_perm`` uint32, 512 bytes at 128 permutations) plus the LSH band keys.
+Memory: shingle hashes are computed per batch of texts (:data:`minhash.BATCH_BYTES`) and
+only one ``uint32[num_perm]`` signature (512 bytes) plus LSH band keys are kept per file.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Iterator, Sequence
 
+import numpy as np
 from datasketch import MinHash, MinHashLSH
+
+from . import minhash as mh
 
 #: Keep-policy rank of each license class, lower kept first (SPEC §4 keep policy:
 #: "license class, then source order, then path"; classes from the stage-2 license gate).
@@ -77,29 +92,48 @@ class DedupRecord:
     text: str
 
 
+#: Cross-source pass (SPEC §4): 112 permutations as 14 bands × 8 rows.
+CROSS_NUM_PERM, CROSS_BANDS, CROSS_ROWS = 112, 14, 8
+
+#: Jaccard levels at which the LSH candidate probability is reported (issue "Must show" 2).
+REPORT_JACCARD = (0.6, 0.7, 0.8, 0.9)
+
+#: Columns of the ``duplicate_clusters`` table, one row per member of a cluster.
+CLUSTER_COLUMNS = ("cluster_id", "cluster_size", "doc_key", "source", "is_kept", "kept_doc_key", "dup_kind",
+                   "jaccard_to_kept")
+
+
 @dataclass
 class DedupResult:
     """Outcome of :func:`deduplicate`.
 
     ``decisions``: one dict per input record, sorted by ``doc_key``, with keys
-    ``doc_key`` (str), ``keep`` (bool), ``dup_kind`` (``"exact"``, ``"near"`` or None),
-    ``kept_twin`` (doc_key of a kept record, or None when kept), ``jaccard`` (float or
-    None: MinHash-estimated Jaccard to ``kept_twin``, 1.0 for a plain exact copy; always
-    ≥ the threshold for a near drop),
-    ``cluster_id`` (int ≥ 0 shared by a kept record and all its drops, -1 for records in
-    no duplicate group; ordinal in keep order of the kept member) and ``content_sha256``
-    (hex str of the UTF-8 text).
+    ``doc_key`` (str), ``keep`` (bool), ``dup_kind`` (``"exact"``, ``"near"``,
+    ``"cross_source"`` or None), ``kept_twin`` (doc_key of a kept record, or None when
+    kept), ``jaccard`` (float or None: 128-permutation MinHash estimate of the Jaccard
+    similarity to ``kept_twin``, 1.0 for a byte-identical copy), ``cluster_id`` (int ≥ 0
+    shared by a kept record and all records naming it, -1 for records in no duplicate
+    group; ordinal in keep order of the kept member) and ``content_sha256`` (hex str).
 
-    ``figures``: ``files_in``, ``exact_removed``, ``near_removed``, ``files_out``,
-    ``clusters`` (duplicate groups of ≥ 2 records), ``num_perm``, ``threshold``,
-    ``shingle_k``, ``lsh_bands``, ``lsh_rows`` (the LSH's b and r) and
-    ``effective_threshold`` = (1/b)^(1/r), the Jaccard at which a pair becomes an LSH
-    candidate with probability ~0.5. ``files_in == files_out + exact_removed +
-    near_removed``.
+    ``clusters``: the ``duplicate_clusters`` table as a list of dicts with
+    :data:`CLUSTER_COLUMNS`, one per member (kept member first), ordered by
+    ``cluster_id`` then keep order: ``cluster_size`` members (int), ``is_kept``,
+    ``kept_doc_key`` and ``jaccard_to_kept`` (1.0 for the kept member).
+
+    ``figures``: ``files_in``, ``exact_removed``, ``near_removed``,
+    ``cross_source_removed``, ``files_out`` (``files_in == files_out + exact_removed +
+    near_removed + cross_source_removed``), the three removal rates (fraction of
+    ``files_in``), ``clusters``; the near pass's ``num_perm``, ``threshold``,
+    ``shingle_k``, ``lsh_bands``, ``lsh_rows``, ``effective_threshold`` = (1/b)^(1/r) and
+    ``candidate_probability`` {J: 1-(1-J^r)^b} for J in :data:`REPORT_JACCARD`; the same
+    for the cross-source pass under ``cross_*`` keys, plus ``cross_candidate_pairs``,
+    ``cross_confirmed_pairs``, ``cross_source_clusters``, ``cross_source_below_threshold``
+    and ``largest_clusters`` (the ten largest: id, size, kept member, members).
     """
 
     decisions: list[dict]
     figures: dict = field(default_factory=dict)
+    clusters: list[dict] = field(default_factory=list)
 
 
 def shingles(text: str, k: int = 5) -> Iterator[bytes]:
@@ -126,24 +160,53 @@ def shingles(text: str, k: int = 5) -> Iterator[bytes]:
 
 
 def minhash_signature(text: str, num_perm: int = 128, k: int = 5, seed: int = 1) -> MinHash:
-    """datasketch ``MinHash`` of the k-token shingles of ``text`` (see :func:`shingles`).
+    """datasketch ``MinHash`` of the k-token shingles of ``text`` (see :func:`shingles`),
+    one shingle at a time through datasketch: the reference implementation of
+    :func:`megacpp_core.minhash.signatures`, which returns the same ``hashvalues``.
 
-    ``num_perm`` permutations (SPEC §4: 128) with the given ``seed`` and the pinned
-    :data:`MINHASH_SCHEME`; values are 32-bit (datasketch's default SHA-1-based hash).
-    Shingles are streamed into ``update_batch`` in batches of :data:`SHINGLE_BATCH`. A
-    text without tokens gives an empty signature (``m.is_empty()``).
+    ``num_perm`` permutations with the given ``seed``, the pinned :data:`MINHASH_SCHEME`
+    and :func:`megacpp_core.minhash.shingle_hash32` as hash function. Shingles are
+    streamed into ``update_batch`` in batches of :data:`SHINGLE_BATCH`. A text without
+    tokens gives an empty signature (``m.is_empty()``).
 
     Raises ``ValueError`` for ``k < 1`` or an invalid ``num_perm``.
     """
-    m = MinHash(num_perm=num_perm, seed=seed, scheme=MINHASH_SCHEME)
+    m = MinHash(num_perm=num_perm, seed=seed, scheme=MINHASH_SCHEME, hashfunc=mh.shingle_hash32)
     stream = shingles(text, k)
     while batch := list(islice(stream, SHINGLE_BATCH)):
         m.update_batch(batch)
     return m
 
 
-def _keep_key(r: DedupRecord) -> tuple:
+def keep_key(r: DedupRecord) -> tuple:
+    """Keep-order key ``(license rank, source_order, path, doc_key)`` (module doc)."""
     return (LICENSE_RANK[r.license_class], r.source_order, r.path, r.doc_key)
+
+
+@functools.lru_cache(maxsize=32)
+def near_lsh_params(threshold: float = 0.7, num_perm: int = 128) -> tuple[int, int]:
+    """``(b, r)`` that datasketch ``MinHashLSH`` picks for ``threshold`` and ``num_perm``
+    under :data:`LSH_WEIGHTS` (b=20, r=6 at the SPEC defaults). Raises ``ValueError``
+    for a threshold outside [0, 1]."""
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)
+    return lsh.b, lsh.r
+
+
+def cross_source_candidates(sig: np.ndarray, source_ids: np.ndarray, band_lo: int = 0, band_hi: int = CROSS_BANDS,
+                            rows: int = CROSS_ROWS) -> np.ndarray:
+    """Cross-source LSH candidate pairs from bands ``band_lo … band_hi − 1``.
+
+    ``sig`` is ``uint32[n, p]`` (p ≥ 112; only the first ``CROSS_BANDS × rows`` columns are
+    read), ``source_ids`` ``int[n]``. Empty signatures never pair. Returns ``int64[m, 2]``
+    row-index pairs (``i < j``, sorted, unique, different sources). The union over band
+    ranges covering ``[0, CROSS_BANDS)`` equals the one-range result."""
+    keys = mh.band_keys(sig, rows, band_lo, band_hi)
+    return mh.candidate_pairs(keys, group=np.asarray(source_ids), cross_group=True, skip=mh.is_empty(sig))
+
+
+def _lsh_report(bands: int, rows: int) -> dict:
+    return {"effective_threshold": mh.effective_threshold(bands, rows),
+            "candidate_probability": {str(j): round(mh.candidate_probability(j, bands, rows), 6) for j in REPORT_JACCARD}}
 
 
 def deduplicate(
@@ -152,20 +215,30 @@ def deduplicate(
     threshold: float = 0.7,
     shingle_k: int = 5,
     seed: int = 1,
+    signatures: Mapping[str, np.ndarray] | None = None,
+    cross_pairs: Sequence[tuple[str, str]] | None = None,
+    verify_exact: bool = True,
 ) -> DedupResult:
-    """Exact then near deduplication of ``records`` under the keep policy (module doc).
+    """Exact, near (within source) and cross-source dedup of ``records`` (module doc).
 
-    Defaults are the SPEC §4 figures: 128 permutations, Jaccard 0.7, 5-token shingles.
-    The result depends only on the set of records, not their order. Texts without tokens
-    take part in the exact pass (identical ones are exact duplicates) but never in the
-    near pass. Near pairs are LSH candidates (datasketch ``MinHashLSH``, b and r chosen by
-    datasketch for ``threshold`` under :data:`LSH_WEIGHTS`) whose estimated Jaccard is
-    ≥ ``threshold``; a pair above the threshold can still be missed with the small
-    probability the LSH curve gives (see :data:`LSH_WEIGHTS`).
+    Defaults are the SPEC §4 figures: 128 permutations, Jaccard 0.7, 5-token shingles;
+    the cross-source pass uses the first 112 signature values as 14 × 8 bands.
+    ``signatures`` optionally maps ``doc_key`` to a precomputed ``uint32[num_perm]``
+    signature (the per-revision ``minhash_signatures`` asset); missing ones are computed.
+    ``cross_pairs`` optionally gives the cross-source candidate pairs as doc_key pairs
+    (the merged band-range steps); pairs naming unknown keys are ignored. The result
+    depends only on the set of records (and pairs), not their order.
 
-    Raises ``ValueError`` on a duplicate ``doc_key`` or a ``license_class`` not in
-    :data:`LICENSE_RANK`, ``UnicodeEncodeError`` for a text holding lone surrogates, and
-    whatever datasketch raises for an invalid ``threshold`` or ``num_perm``.
+    With ``verify_exact`` (default), a pair confirmed by the MinHash estimate is dropped
+    or merged only when the exact Jaccard of the two sets of 32-bit shingle hashes is
+    also ≥ ``threshold`` (the false-positive check of candidate-verification dedup
+    pipelines): the estimate's standard error is √(J(1−J)/p) ≈ 0.04 at J = 0.7,
+    p = 128, so without it pairs at J ≈ 0.65 would be dropped. Rejections are counted in
+    ``near_rejected_by_exact`` and ``cross_rejected_by_exact``.
+
+    Raises ``ValueError`` on a duplicate ``doc_key``, a ``license_class`` not in
+    :data:`LICENSE_RANK`, ``num_perm < CROSS_NUM_PERM`` or a precomputed signature of the
+    wrong shape; ``UnicodeEncodeError`` for a text holding lone surrogates.
     """
     seen: set[str] = set()
     for r in records:
@@ -176,11 +249,44 @@ def deduplicate(
                 f"{r.doc_key}: unknown license_class {r.license_class!r}, expected one of {sorted(LICENSE_RANK)}"
             )
         seen.add(r.doc_key)
-    order = sorted(records, key=_keep_key)
+    if num_perm < CROSS_NUM_PERM:
+        raise ValueError(f"num_perm must be >= {CROSS_NUM_PERM} for the cross-source pass, got {num_perm}")
+    order = sorted(records, key=keep_key)
     n = len(order)
+    index = {r.doc_key: i for i, r in enumerate(order)}
     sha = [hashlib.sha256(r.text.encode("utf-8")).hexdigest() for r in order]
 
-    # Exact pass: twin[i] is the index (keep order) of the record i was dropped for.
+    # Signatures (keep order), precomputed where given.
+    sig = np.empty((n, num_perm), dtype=np.uint32)
+    missing = []
+    for i, r in enumerate(order):
+        got = None if signatures is None else signatures.get(r.doc_key)
+        if got is None:
+            missing.append(i)
+        else:
+            got = np.asarray(got, dtype=np.uint32)
+            if got.shape != (num_perm,):
+                raise ValueError(f"{r.doc_key}: signature shape {got.shape}, expected ({num_perm},)")
+            sig[i] = got
+    if missing:
+        sig[missing] = mh.signatures([order[i].text for i in missing], num_perm=num_perm, seed=seed, k=shingle_k)
+    empty = mh.is_empty(sig)
+    sources = {}
+    src = np.array([sources.setdefault(r.source, len(sources)) for r in order], dtype=np.int64)
+
+    # Exact Jaccard of two records over their sets of 32-bit shingle hashes (verification).
+    hash_sets: dict[int, np.ndarray] = {}
+    rejected = {"near": 0, "cross_source": 0}
+
+    def exact_j(i: int, j: int) -> float:
+        for x in (i, j):
+            if x not in hash_sets:
+                hash_sets[x] = np.unique(mh.shingle_hashes([order[x].text], shingle_k)[0])
+        a, b_ = hash_sets[i], hash_sets[j]
+        inter = np.intersect1d(a, b_, assume_unique=True).size
+        return inter / (a.size + b_.size - inter) if a.size + b_.size else 1.0
+
+    # Pass 1, exact: twin[i] is the index (keep order) of the record i was dropped for.
     twin: list[int | None] = [None] * n
     kind: list[str | None] = [None] * n
     first_with: dict[str, int] = {}
@@ -190,47 +296,79 @@ def deduplicate(
         else:
             first_with[h] = i
 
-    # Near pass over exact survivors that have tokens, in keep order. Only kept files are
-    # indexed, so each candidate is a kept file and every drop is confirmed against it.
-    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)
-    sigs: dict[int, MinHash] = {}
+    # Pass 2, near within a source, greedy in keep order against kept records only.
+    b, r_ = near_lsh_params(threshold, num_perm)
+    alive = np.array([k is None for k in kind], dtype=bool) & ~empty
+    near_pairs = mh.candidate_pairs(mh.band_keys(sig, r_, 0, b), group=src, cross_group=False, skip=~alive)
+    earlier: dict[int, list[int]] = {}
+    for i, j in near_pairs.tolist():
+        earlier.setdefault(j, []).append(i)
+    for j in sorted(earlier):
+        best: tuple[float, int] | None = None
+        for i in earlier[j]:
+            if kind[i] is not None:
+                continue
+            est = float((sig[i] == sig[j]).mean())
+            if est < threshold:
+                continue
+            if verify_exact and exact_j(i, j) < threshold:
+                rejected["near"] += 1
+                continue
+            if best is None or (est, -i) > (best[0], -best[1]):
+                best = (est, i)
+        if best is not None:
+            twin[j], kind[j] = best[1], "near"
+
+    # Pass 3, cross-source: union-find over confirmed candidate pairs among survivors.
+    if cross_pairs is None:
+        cand = cross_source_candidates(sig, src)
+    else:
+        idx = [(index[a], index[b_]) for a, b_ in cross_pairs if a in index and b_ in index]
+        cand = mh.merge_pairs([np.sort(np.array(idx, dtype=np.int64).reshape(-1, 2), axis=1)])
+        cand = cand[src[cand[:, 0]] != src[cand[:, 1]]] if len(cand) else cand
+    csig = sig[:, :CROSS_NUM_PERM]
+    alive = np.array([k is None for k in kind], dtype=bool) & ~empty
+    cand = cand[alive[cand[:, 0]] & alive[cand[:, 1]]] if len(cand) else cand
+    est = mh.estimate_jaccard(csig, cand[:, 0], cand[:, 1]) if len(cand) else np.zeros(0)
+    confirmed = cand[est >= threshold] if len(cand) else cand
+    if verify_exact and len(confirmed):
+        ok = np.array([exact_j(i, j) >= threshold for i, j in confirmed.tolist()], dtype=bool)
+        rejected["cross_source"] = int((~ok).sum())
+        confirmed = confirmed[ok]
+    uf = mh.UnionFind(n)
+    for i, j in confirmed.tolist():
+        uf.union(i, j)
+    cross_groups = uf.groups()
+    below = 0
+    for root, members in cross_groups.items():  # root = smallest index = first in keep order
+        for m in members[1:]:
+            twin[m], kind[m] = root, "cross_source"
+            below += bool((csig[m] == csig[root]).mean() < threshold)
+
+    # Resolve every drop to a kept record and estimate its Jaccard to it.
     jac: list[float | None] = [None] * n
     for i in range(n):
-        if kind[i] is not None:
+        if kind[i] is None:
             continue
-        m = minhash_signature(order[i].text, num_perm=num_perm, k=shingle_k, seed=seed)
-        if m.is_empty():
-            continue
-        best: tuple[float, int] | None = None
-        for j in lsh.query(m):
-            est = m.jaccard(sigs[j])
-            if est >= threshold and (best is None or (est, -j) > (best[0], -best[1])):
-                best = (est, j)
-        if best is not None:
-            twin[i], kind[i], jac[i] = best[1], "near", best[0]
-            continue
-        lsh.insert(i, m)
-        sigs[i] = m
-
-    for i in range(n):
-        if kind[i] == "exact":
-            rep = twin[i]
-            if kind[rep] == "near":  # its exact twin was dropped too: follow to the kept one
-                twin[i], jac[i] = twin[rep], jac[rep]
-            else:
-                jac[i] = 1.0
+        t = twin[i]
+        while kind[t] is not None:
+            t = twin[t]
+        twin[i] = t
+        jac[i] = 1.0 if sha[i] == sha[t] else float((sig[i] == sig[t]).mean())
 
     # Cluster ids: ordinal of the kept member (keep order) among groups of >= 2 records.
-    cluster_of_kept: dict[int, int] = {}
-    for i in sorted({t for t in twin if t is not None}):
-        cluster_of_kept[i] = len(cluster_of_kept)
+    members_of: dict[int, list[int]] = {}
+    for i in range(n):
+        if twin[i] is not None:
+            members_of.setdefault(twin[i], []).append(i)
+    cluster_of_kept = {k: c for c, k in enumerate(sorted(members_of))}
 
     decisions = []
-    for i, r in enumerate(order):
+    for i, rec in enumerate(order):
         kept = kind[i] is None
         decisions.append(
             {
-                "doc_key": r.doc_key,
+                "doc_key": rec.doc_key,
                 "keep": kept,
                 "dup_kind": kind[i],
                 "kept_twin": None if kept else order[twin[i]].doc_key,
@@ -241,19 +379,49 @@ def deduplicate(
         )
     decisions.sort(key=lambda d: d["doc_key"])
 
-    exact_removed = kind.count("exact")
-    near_removed = kind.count("near")
+    clusters = []
+    for k, cid in cluster_of_kept.items():
+        group = [k] + members_of[k]
+        for i in group:
+            clusters.append({"cluster_id": cid, "cluster_size": len(group), "doc_key": order[i].doc_key,
+                             "source": order[i].source, "is_kept": i == k, "kept_doc_key": order[k].doc_key,
+                             "dup_kind": kind[i], "jaccard_to_kept": 1.0 if i == k else jac[i]})
+    largest = sorted(cluster_of_kept.items(), key=lambda kc: (-(len(members_of[kc[0]]) + 1), kc[1]))[:10]
+
+    exact_removed, near_removed, cross_removed = kind.count("exact"), kind.count("near"), kind.count("cross_source")
+    rate = (lambda x: round(x / n, 6)) if n else (lambda x: 0.0)
+    near_rep, cross_rep = _lsh_report(b, r_), _lsh_report(CROSS_BANDS, CROSS_ROWS)
     figures = {
         "files_in": n,
         "exact_removed": exact_removed,
         "near_removed": near_removed,
-        "files_out": n - exact_removed - near_removed,
+        "cross_source_removed": cross_removed,
+        "files_out": n - exact_removed - near_removed - cross_removed,
+        "exact_removal_rate": rate(exact_removed),
+        "near_removal_rate": rate(near_removed),
+        "cross_source_removal_rate": rate(cross_removed),
         "clusters": len(cluster_of_kept),
         "num_perm": num_perm,
         "threshold": threshold,
         "shingle_k": shingle_k,
-        "lsh_bands": lsh.b,
-        "lsh_rows": lsh.r,
-        "effective_threshold": (1.0 / lsh.b) ** (1.0 / lsh.r),
+        "lsh_bands": b,
+        "lsh_rows": r_,
+        "effective_threshold": near_rep["effective_threshold"],
+        "candidate_probability": near_rep["candidate_probability"],
+        "near_candidate_pairs": int(len(near_pairs)),
+        "near_rejected_by_exact": rejected["near"],
+        "verify_exact": verify_exact,
+        "cross_num_perm": CROSS_NUM_PERM,
+        "cross_lsh_bands": CROSS_BANDS,
+        "cross_lsh_rows": CROSS_ROWS,
+        "cross_effective_threshold": cross_rep["effective_threshold"],
+        "cross_candidate_probability": cross_rep["candidate_probability"],
+        "cross_candidate_pairs": int(len(cand)),
+        "cross_confirmed_pairs": int(len(confirmed)),
+        "cross_rejected_by_exact": rejected["cross_source"],
+        "cross_source_clusters": len(cross_groups),
+        "cross_source_below_threshold": below,
+        "largest_clusters": [{"cluster_id": cid, "size": len(members_of[k]) + 1, "kept": order[k].doc_key,
+                              "members": [order[i].doc_key for i in members_of[k]]} for k, cid in largest],
     }
-    return DedupResult(decisions=decisions, figures=figures)
+    return DedupResult(decisions=decisions, figures=figures, clusters=clusters)

@@ -83,8 +83,10 @@ NEUTRAL_KEYS = frozenset(
 
 #: Per-file decisions (SPEC §4).
 DECISIONS = ("accept", "accept_tagged", "refuse")
-#: Where a file's license came from, strongest evidence first.
-ORIGINS = ("spdx_header", "file_header", "directory_license", "default")
+#: Where a file's decision came from, strongest evidence first: its own
+#: ``SPDX-License-Identifier``, its own license header, the nearest directory license,
+#: nothing (``default``), or the snapshot's refusal list of sources.
+ORIGINS = ("spdx_header", "file_header", "directory_license", "default", "refusal_list")
 
 #: Lines searched for an ``SPDX-License-Identifier`` (the SPDX spec asks for it near the top).
 SPDX_SCAN_LINES = 30
@@ -110,22 +112,28 @@ _MARKERS = re.compile(r"^\s*(?:/\*+|\*+/|//+|\*+(?!/))?!?|\*+/\s*$")
 
 @dataclass(frozen=True)
 class LicensePolicy:
-    """What to do with each license class.
+    """What to do with each license class (SPEC §4 defaults; per snapshot from its settings).
 
-    ``unknown_decision``: decision for class ``unknown`` (one of :data:`DECISIONS`);
-    ``refuse`` fails safe. ``refused_sources``: source names whose files are all refused.
-    ``extra_permissive`` / ``extra_refused``: SPDX ids (case-insensitive) forced to that
-    class before the category lookup. Raises ``ValueError`` on an invalid decision.
+    ``weak_copyleft_decision`` (default ``accept``), ``gpl2_decision`` (default
+    ``accept_tagged``) and ``unknown_decision`` (default ``refuse``, failing safe): the
+    decision, one of :data:`DECISIONS`, for that class; ``permissive`` is always accepted
+    and ``refused`` always refused. ``refused_sources``: source names whose files are all
+    refused unscanned. ``extra_permissive`` / ``extra_refused``: SPDX ids
+    (case-insensitive) forced to that class before the category lookup. Raises
+    ``ValueError`` on an invalid decision.
     """
 
     unknown_decision: str = "refuse"
     refused_sources: frozenset[str] = frozenset()
     extra_permissive: frozenset[str] = frozenset()
     extra_refused: frozenset[str] = frozenset()
+    weak_copyleft_decision: str = "accept"
+    gpl2_decision: str = "accept_tagged"
 
     def __post_init__(self) -> None:
-        if self.unknown_decision not in DECISIONS:
-            raise ValueError(f"unknown_decision={self.unknown_decision!r}; expected one of {DECISIONS}")
+        for name in ("unknown_decision", "weak_copyleft_decision", "gpl2_decision"):
+            if getattr(self, name) not in DECISIONS:
+                raise ValueError(f"{name}={getattr(self, name)!r}; expected one of {DECISIONS}")
 
 
 @lru_cache(maxsize=1)
@@ -226,9 +234,9 @@ def decide(license_class: str, policy: LicensePolicy) -> tuple[str, str]:
     if license_class == "permissive":
         return "accept", "permissive license"
     if license_class == "weak_copyleft":
-        return "accept", "weak copyleft license"
+        return policy.weak_copyleft_decision, f"weak copyleft license (weak_copyleft_decision={policy.weak_copyleft_decision})"
     if license_class == "gpl2":
-        return "accept_tagged", "GPL-2.0 license (accepted, tagged)"
+        return policy.gpl2_decision, f"GPL-2.0 license (gpl2_decision={policy.gpl2_decision})"
     if license_class == "refused":
         return "refuse", "license class refused by policy"
     if license_class == "unknown":
@@ -377,13 +385,14 @@ def scan_revision(
     files, or of its NOTICE/README files when the former detect nothing (fail safe for
     dual-license layouts: the source files' own headers usually state the ``OR``).
     ``license_file`` is the first such contributing file in path order. Files of a source
-    in ``policy.refused_sources`` are refused unscanned (class ``unknown``). Raises
+    in ``policy.refused_sources`` are refused unscanned (class ``unknown``, origin
+``refusal_list``). Raises
     ``KeyError`` for a candidate missing from ``files``.
     """
     paths = sorted(set(candidates))
     if source in policy.refused_sources:
         refused = {"decision": "refuse", "reason": "source on refusal list"}
-        return [{**_row(p, None, "unknown", "default", None, policy), **refused} for p in paths]
+        return [{**_row(p, None, "unknown", "refusal_list", None, policy), **refused} for p in paths]
     scanner = scanner or Scanner()
     by_dir: dict[str, list[str]] = {}
     for p in sorted(files):

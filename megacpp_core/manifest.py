@@ -7,6 +7,34 @@ A manifest is a YAML file::
     settings: {row_length: 8192, vocab_size: 131072}
     sources:
       - {name: lz4-4.4.5, kind: pypi, package: lz4, version: "4.4.5", sha256: 5f0b…}
+      - {name: fmt-11.0.2, kind: git, url: "https://…/fmt.git", tag: "11.0.2"}
+      - {name: mylib-1.0, kind: archive, path: /srv/mylib-1.0.tar.gz, sha256: …}
+      - {name: mine, kind: local, path: /srv/mine, label: "2026-01"}
+      - {name: torch-headers, kind: local, python_package: torch, subdir: include}
+
+Fields of a source, by kind (any other field is refused):
+
+``pypi``
+    ``package``, ``version``, ``sha256`` (of the sdist), all required.
+``git``
+    ``url`` and ``tag`` required; ``commit`` (40 hex digits) optional — when given, the
+    tag must resolve to it. A branch name in ``tag`` is refused at fetch time.
+``archive``
+    exactly one of ``url`` or ``path`` (a local file; relative paths are relative to the
+    manifest's directory), ``sha256`` required, ``version`` optional (a label for
+    provenance; default: the archive file name). The name must end in ``.tar.gz``,
+    ``.tgz``, ``.tar.xz``, ``.txz``, ``.tar.bz2``, ``.tbz2``, ``.tar`` or ``.zip``.
+``local``
+    either ``path`` (a directory; relative to the manifest's directory) with a ``label``,
+    or ``python_package`` (an installed distribution, e.g. ``torch``), optional
+    ``module`` (its import directory, default the package name with ``-`` → ``_``) and
+    ``subdir`` inside it; the label then defaults to the installed version, read from the
+    distribution's metadata when the manifest is loaded (nothing is imported).
+
+Every source's ``version`` attribute carries its version, tag or label (the
+``source_files.version`` column); the fetched revision (archive sha256, commit sha or
+local hash) is recorded by the acquire stage. Top-level keys other than ``name``,
+``schedule``, ``settings`` and ``sources`` are left to the modules that read them.
 
 Shipped manifests live in ``corpora/`` at the project root; :func:`resolve_manifest`
 accepts either a shipped name (``default``, ``tiny``) or a path.
@@ -28,9 +56,19 @@ import yaml
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CORPORA_DIR = PROJECT_ROOT / "corpora"
 
-#: Source kinds of SPEC §3 that this version can fetch.
-SUPPORTED_KINDS = ("pypi",)
+#: Source kinds of SPEC §3 (all fetched by :mod:`megacpp_core.acquire`).
 KNOWN_KINDS = ("pypi", "git", "archive", "local")
+SUPPORTED_KINDS = KNOWN_KINDS
+#: Archive name endings accepted by the ``archive`` kind.
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tar", ".zip")
+#: Allowed fields per kind (besides ``name`` and ``kind``): (required, optional).
+KIND_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "pypi": (("package", "version", "sha256"), ()),
+    "git": (("url", "tag"), ("commit",)),
+    "archive": (("sha256",), ("url", "path", "version")),
+    "local": ((), ("path", "label", "python_package", "module", "subdir")),
+}
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -65,8 +103,19 @@ class Settings:
     generated_marker_lines: int = 10
     max_entropy: float = 4.5
     max_entropy_coverage: float = 0.5
-    # license (SPEC §4 "License")
+    # quality: StarCoder2 code filters (Lozhkov et al. 2024, §3 "Preprocessing")
+    max_lines: int = 100_000
+    max_mean_line_length: float = 100.0
+    min_alpha_fraction: float = 0.25
+    max_encoded_run_chars: int = 1024
+    max_encoded_share: float = 0.5
+    # license (SPEC §4 "License"): decision per class, extra SPDX ids forced to a class,
+    # and the refusal list of sources
     license_unknown_decision: str = "refuse"
+    license_weak_copyleft_decision: str = "accept"
+    license_gpl2_decision: str = "accept_tagged"
+    license_permissive_ids: tuple[str, ...] = ()
+    license_refused_ids: tuple[str, ...] = ()
     refused_sources: tuple[str, ...] = ()
     # dedup (SPEC §4 "Dedup")
     minhash_num_perm: int = 128
@@ -78,6 +127,12 @@ class Settings:
     row_length: int = 8192
     max_docs_per_shard: int = 50_000
     validation_fraction: float = 0.01
+    # FIM (SPEC §6; Bavarian et al. 2022: rate 0.5, joint PSM+SPM) and Megatron export (SPEC §7)
+    fim_rate: float = 0.5
+    fim_spm_share: float = 0.5
+    fim_seed: int = 0
+    fim_doc_comment_policy: str = "mask"  # "mask" | "keep"
+    megatron_export: str = "document"  # "document" (one sequence per document) | "row"
 
     def fingerprint(self) -> str:
         """Hex SHA-256 (first 16 chars) of the settings, for provenance labels."""
@@ -96,6 +151,18 @@ class Source:
     version: str | None = None
     sha256: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    url: str | None = None
+    tag: str | None = None
+    commit: str | None = None
+    path: str | None = None
+    python_package: str | None = None
+    module: str | None = None
+    subdir: str | None = None
+
+    def settings_key(self) -> str:
+        """Hex SHA-256 (16 chars) of every pinned field: equal keys mean the same revision pin."""
+        blob = json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k != "order"}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -107,6 +174,9 @@ class Manifest:
     sources: tuple[Source, ...]
     settings: Settings
     schedule: str | None = None
+    #: Pinned tokenizer ``{"path": absolute path, "sha256": hex}`` (top-level ``tokenizer:``
+    #: field; relative paths resolve against the manifest's directory), or None to train one.
+    tokenizer: dict[str, str] | None = None
 
     def source(self, name: str) -> Source:
         """The source called ``name``; ``KeyError`` naming the manifest when absent."""
@@ -114,6 +184,11 @@ class Manifest:
             if s.name == name:
                 return s
         raise KeyError(f"{self.path}: snapshot {self.name!r} has no source {name!r}")
+
+    def revision_pin(self, source: Source) -> str:
+        """Hex SHA-256 (16 chars) of a source's pinned fields and the snapshot settings: a
+        ``repo_revision`` partition materialized under the same pin need not be re-run."""
+        return hashlib.sha256(f"{source.settings_key()}:{self.settings.fingerprint()}".encode()).hexdigest()[:16]
 
     def partition_key(self, source: Source | str) -> str:
         """The ``repo_revision`` partition key of a source: ``SNAPSHOT/SOURCE``."""
@@ -173,17 +248,93 @@ def _settings(raw: Any, where: str) -> Settings:
         raise ManifestError(f"{where}: settings.vocab_size {s.vocab_size} is too small (≥ 512)")
     if s.row_length < 16:
         raise ManifestError(f"{where}: settings.row_length {s.row_length} is too small (≥ 16)")
-    if s.license_unknown_decision not in ("accept", "accept_tagged", "refuse"):
-        raise ManifestError(f"{where}: settings.license_unknown_decision must be accept, accept_tagged or refuse")
+    for k in ("license_unknown_decision", "license_weak_copyleft_decision", "license_gpl2_decision"):
+        if getattr(s, k) not in ("accept", "accept_tagged", "refuse"):
+            raise ManifestError(f"{where}: settings.{k} must be accept, accept_tagged or refuse")
     return s
+
+
+def _str_field(raw: dict, fld: str, where: str, kind: str, required: bool) -> str | None:
+    v = raw.get(fld)
+    if v is None:
+        if required:
+            raise ManifestError(f"{where}: field '{fld}' is required for kind {kind}")
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and fld in ("version", "tag", "label"):
+        raise ManifestError(f"{where}: field '{fld}' must be a quoted string (YAML read {v!r} as a number)")
+    if not isinstance(v, str) or not v.strip():
+        raise ManifestError(f"{where}: field '{fld}' must be a non-empty string")
+    return v
+
+
+def _source(raw: dict, kind: str, sname: str, order: int, where: str, base: Path) -> Source:
+    required, optional = KIND_FIELDS[kind]
+    unknown = sorted(set(raw) - {"name", "kind"} - set(required) - set(optional))
+    if unknown:
+        raise ManifestError(f"{where}: field '{unknown[0]}' is not a field of kind {kind} "
+                            f"(fields: {', '.join(required + optional)})")
+    f = {k: _str_field(raw, k, where, kind, k in required) for k in required + optional}
+    sha = f.get("sha256")
+    if sha is not None:
+        sha = sha.lower()
+        if not _SHA256.match(sha):
+            raise ManifestError(f"{where}: field 'sha256' must be 64 hex digits")
+    if kind == "pypi":
+        return Source(name=sname, kind=kind, order=order, package=f["package"], version=f["version"], sha256=sha)
+    if kind == "git":
+        commit = f.get("commit")
+        if commit is not None and not _COMMIT.match(commit.lower()):
+            raise ManifestError(f"{where}: field 'commit' must be 40 hex digits")
+        return Source(name=sname, kind=kind, order=order, url=f["url"], tag=f["tag"], version=f["tag"],
+                      commit=commit.lower() if commit else None)
+    if kind == "archive":
+        if (f.get("url") is None) == (f.get("path") is None):
+            raise ManifestError(f"{where}: field 'url' or 'path': give exactly one of them for kind archive")
+        loc = f.get("url") or f.get("path")
+        filename = loc.rstrip("/").rsplit("/", 1)[-1]
+        if not filename.lower().endswith(ARCHIVE_SUFFIXES):
+            raise ManifestError(f"{where}: field '{'url' if f.get('url') else 'path'}' must name a file ending in "
+                                f"{', '.join(ARCHIVE_SUFFIXES)}, got {filename!r}")
+        p = f.get("path")
+        if p is not None:
+            p = str((base / p).resolve()) if not Path(p).is_absolute() else p
+        return Source(name=sname, kind=kind, order=order, url=f.get("url"), path=p, sha256=sha,
+                      version=f.get("version") or filename)
+    # local
+    if (f.get("path") is None) == (f.get("python_package") is None):
+        raise ManifestError(f"{where}: field 'path' or 'python_package': give exactly one of them for kind local")
+    if f.get("path") is not None:
+        if f.get("label") is None:
+            raise ManifestError(f"{where}: field 'label' is required for kind local with a path")
+        for fld in ("module", "subdir"):
+            if f.get(fld) is not None:
+                raise ManifestError(f"{where}: field '{fld}' only applies with 'python_package'")
+        p = f["path"]
+        p = str((base / p).resolve()) if not Path(p).is_absolute() else p
+        return Source(name=sname, kind=kind, order=order, path=p, version=f["label"])
+    import importlib.metadata
+
+    pkg = f["python_package"]
+    try:
+        installed = importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        raise ManifestError(f"{where}: field 'python_package': {pkg!r} is not installed in this environment") from None
+    sub = f.get("subdir")
+    if sub is not None and (sub.startswith("/") or ".." in sub.replace("\\", "/").split("/")):
+        raise ManifestError(f"{where}: field 'subdir' must be a relative path inside the package")
+    return Source(name=sname, kind=kind, order=order, python_package=pkg, package=pkg,
+                  module=f.get("module") or pkg.replace("-", "_"), subdir=sub, version=f.get("label") or installed)
 
 
 def load_manifest(name_or_path: str | Path) -> Manifest:
     """Load and validate a manifest.
 
     Raises :class:`ManifestError` naming the manifest file, the source and the field for:
-    an unknown or unsupported kind, a missing or malformed sha256, duplicate source names,
-    missing package/version, unknown settings.
+    an unknown kind, a field that the kind does not have, a missing required field (see the
+    module docstring), a malformed sha256 or commit, duplicate source names, an archive
+    name without a supported ending, a ``python_package`` that is not installed, unknown
+    settings. Whether a pinned version exists on the index is checked when a run starts
+    (:func:`megacpp_core.acquire.check_pins`), not here: loading needs no network.
     """
     path = resolve_manifest(name_or_path)
     try:
@@ -213,19 +364,24 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
         kind = raw.get("kind")
         if kind not in KNOWN_KINDS:
             raise ManifestError(f"{where}: field 'kind' is {kind!r}; known kinds: {', '.join(KNOWN_KINDS)}")
-        if kind not in SUPPORTED_KINDS:
-            raise ManifestError(f"{where}: field 'kind' {kind!r} cannot be fetched by this version (supported: {', '.join(SUPPORTED_KINDS)})")
-        for fld in ("package", "version", "sha256"):
-            if not isinstance(raw.get(fld), str) or not raw.get(fld):
-                raise ManifestError(f"{where}: field '{fld}' is required for kind {kind} (a string)")
-        sha = raw["sha256"].lower()
-        if not _SHA256.match(sha):
-            raise ManifestError(f"{where}: field 'sha256' must be 64 hex digits")
-        extra = {k: v for k, v in raw.items() if k not in ("name", "kind", "package", "version", "sha256")}
-        sources.append(Source(name=sname, kind=kind, order=i, package=raw["package"],
-                              version=str(raw["version"]), sha256=sha, extra=extra))
+        sources.append(_source(raw, kind, sname, i, where, path.parent))
     schedule = doc.get("schedule")
     if schedule is not None and not isinstance(schedule, str):
         raise ManifestError(f"{path}: field 'schedule' must be a cron string")
     return Manifest(name=name, path=path, sources=tuple(sources),
-                    settings=_settings(doc.get("settings"), f"{path}"), schedule=schedule)
+                    settings=_settings(doc.get("settings"), f"{path}"), schedule=schedule,
+                    tokenizer=_tokenizer_pin(doc.get("tokenizer"), path))
+
+
+def _tokenizer_pin(raw: Any, path: Path) -> dict[str, str] | None:
+    """Validate ``tokenizer: {path, sha256}`` (SPEC §4 pinned tokenizer); None when absent."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"path", "sha256"}:
+        raise ManifestError(f"{path}: field 'tokenizer' must be a mapping with exactly 'path' and 'sha256'")
+    if not isinstance(raw["path"], str) or not raw["path"]:
+        raise ManifestError(f"{path}: field 'tokenizer.path' must be a non-empty string")
+    sha = str(raw["sha256"]).lower()
+    if not _SHA256.match(sha):
+        raise ManifestError(f"{path}: field 'tokenizer.sha256' must be 64 hex digits")
+    return {"path": str((path.parent / raw["path"]).resolve()), "sha256": sha}

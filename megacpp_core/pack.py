@@ -7,11 +7,18 @@ are padded on the right with ``<PAD>``. Row columns (SPEC §6):
 
 - ``input_ids`` list<uint32>[L]; ``[valid_token_count:]`` is PAD
 - ``target_ids`` list<uint32>[L]: the next token of the same document, PAD elsewhere
-- ``loss_mask`` list<uint8>[L]: 1 exactly where ``target_ids`` holds a real token
+- ``loss_mask`` list<uint8>[L]: 1 only where ``target_ids`` holds a real in-document
+  token that no loss policy (e.g. the FIM documentation-comment policy) masked
 - ``doc_ids`` list<uint32>[L]: cumulative count of BOS over the valid prefix, 0 on pad
 - ``valid_token_count``, ``num_docs`` int32; ``pack_id`` int64; ``slack_tokens`` int32
 - ``doc_keys`` list<string> and ``provenance`` list<struct{doc_key, source, revision,
   path, chunk_index}> in row order
+
+Optional columns, present in the rows exactly when the tokenized documents carry them
+(the enrichment lane, SPEC §4): the token-aligned planes :data:`PLANES` (list<uint8>[L],
+0 on pad), ``chunk_boundaries`` (row token positions, end exclusive), ``call_edges`` /
+``type_edges`` (indices into the row's ``chunk_boundaries``) and ``platform_ids`` (one
+list per document, row order).
 
 :func:`check_rows` asserts the contract and is run by the producer before writing and by
 the verify gate after.
@@ -19,12 +26,11 @@ the verify gate after.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -38,6 +44,26 @@ PROVENANCE_TYPE = pa.struct([
     ("doc_key", pa.string()), ("source", pa.string()), ("revision", pa.string()),
     ("path", pa.string()), ("chunk_index", pa.int32()),
 ])
+#: Token-aligned uint8 planes of SPEC §6 ("optional planes").
+PLANES = ("structure_ids", "dep_levels", "ast_depth", "sibling_index", "ast_node_type")
+#: One chunk span; ``start``/``end`` are token positions (end exclusive), SPEC §4 enrichment.
+CHUNK_TYPE = pa.struct([
+    ("start", pa.int32()), ("end", pa.int32()), ("kind", pa.string()),
+    ("name", pa.string()), ("dep_level", pa.int32()),
+])
+#: One edge between two chunks (indices into the chunk list), SPEC §4 enrichment.
+EDGE_TYPE = pa.struct([("from", pa.int32()), ("to", pa.int32())])
+EDGE_COLUMNS = ("call_edges", "type_edges")
+#: Per-document platform labels (versioned platform vocabulary, < 2**16 labels).
+PLATFORM_TYPE = pa.list_(pa.uint16())
+OPTIONAL_TYPES: dict[str, pa.DataType] = {
+    **{p: pa.list_(pa.uint8()) for p in PLANES},
+    "chunk_boundaries": pa.list_(CHUNK_TYPE),
+    "call_edges": pa.list_(EDGE_TYPE),
+    "type_edges": pa.list_(EDGE_TYPE),
+    "platform_ids": pa.list_(PLATFORM_TYPE),
+}
+OPTIONAL_COLUMNS = tuple(OPTIONAL_TYPES)
 ROW_SCHEMA = pa.schema([
     ("pack_id", pa.int64()),
     ("input_ids", pa.list_(pa.uint32())),
@@ -54,48 +80,125 @@ SUCCESS = "_SUCCESS"
 
 
 class PackingError(ValueError):
-    """A document cannot be packed (longer than the row, or not BOS-prefixed)."""
+    """A document cannot be packed (longer than the row, empty, not BOS-prefixed, or a
+    misaligned optional column); the message names the document."""
 
 
 class RowContractError(ValueError):
     """A packed row violates the SPEC §6 contract; the message names the row and rule."""
 
 
-def best_fit_decreasing(lengths: Sequence[int], row_length: int, keys: Sequence[str] | None = None) -> list[list[int]]:
-    """Assign documents to rows best-fit decreasing.
+class TokenizerMismatchError(ValueError):
+    """An input was produced with a different tokenizer (sha256 or vocabulary size)."""
 
-    ``lengths[i]`` is document i's token count including its BOS. Returns rows as lists
-    of document indices in placement order. Ties are broken by document index, so the
-    result is deterministic. O(N log N) search with a sorted list of (room, row).
-    Raises :class:`PackingError` naming the document when a length exceeds ``row_length``.
+
+def row_schema(optional: Sequence[str] = ()) -> pa.Schema:
+    """:data:`ROW_SCHEMA` plus the optional columns ``optional`` (in :data:`OPTIONAL_COLUMNS` order)."""
+    unknown = sorted(set(optional) - set(OPTIONAL_TYPES))
+    if unknown:
+        raise ValueError(f"unknown optional columns {unknown}; known: {list(OPTIONAL_COLUMNS)}")
+    schema = ROW_SCHEMA
+    for name in OPTIONAL_COLUMNS:
+        if name in optional:
+            schema = schema.append(pa.field(name, OPTIONAL_TYPES[name]))
+    return schema
+
+
+class _CapacityTree:
+    """Open rows indexed by remaining capacity 1..L in a segment tree of occupancy counts.
+
+    ``find(n)`` returns the smallest capacity ≥ n held by some open row in O(log L);
+    rows with equal capacity are kept in a min-heap so the lowest row index wins (ties
+    deterministic). Memory O(L).
     """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    rows: list[list[int]] = []
-    room: list[tuple[int, int]] = []  # sorted (remaining capacity, row index)
-    for i in order:
-        n = lengths[i]
-        if n > row_length:
+
+    def __init__(self, capacity: int) -> None:
+        self.size = 1 << max(1, capacity.bit_length())  # leaves 0..size-1 cover 0..L
+        self.count = [0] * (2 * self.size)
+        self.rows: dict[int, list[int]] = {}
+
+    def _bump(self, cap: int, delta: int) -> None:
+        i = cap + self.size
+        while i:
+            self.count[i] += delta
+            i >>= 1
+
+    def add(self, cap: int, row: int) -> None:
+        import heapq
+
+        heapq.heappush(self.rows.setdefault(cap, []), row)
+        self._bump(cap, 1)
+
+    def pop(self, cap: int) -> int:
+        import heapq
+
+        row = heapq.heappop(self.rows[cap])
+        self._bump(cap, -1)
+        return row
+
+    def find(self, n: int) -> int:
+        """Smallest capacity ≥ ``n`` with an open row, or -1."""
+        c, size = self.count, self.size
+        if n >= size:
+            return -1
+        i = n + size
+        if c[i]:
+            return n
+        while i > 1:
+            if not i & 1 and c[i + 1]:
+                i += 1
+                while i < size:
+                    i = 2 * i if c[2 * i] else 2 * i + 1
+                return i - size
+            i >>= 1
+        return -1
+
+
+def best_fit_decreasing(lengths: Sequence[int], row_length: int, keys: Sequence[str] | None = None) -> list[list[int]]:
+    """Assign documents to rows best-fit decreasing in O(N log N + N log L).
+
+    ``lengths[i]`` is document i's token count including its BOS. Documents are taken
+    longest first (ties by index); each goes to the open row with the least remaining
+    capacity that still holds it (ties: lowest row index), found in O(log L) with a
+    segment tree over capacities 1..L (:class:`_CapacityTree`); else a new row opens.
+    Returns rows as lists of document indices in placement order (deterministic).
+    Raises :class:`PackingError` naming the document when a length exceeds
+    ``row_length`` (nothing is ever truncated) or is not positive.
+    """
+    for i, n in enumerate(lengths):
+        if n > row_length or n <= 0:
             name = keys[i] if keys else f"document {i}"
-            raise PackingError(f"{name}: {n} tokens (with BOS) exceed the row length {row_length}")
-        if n <= 0:
-            raise PackingError(f"{keys[i] if keys else i}: empty document")
-        j = bisect.bisect_left(room, (n, -1))
-        if j < len(room):
-            r_room, r = room.pop(j)
+            what = f"{n} tokens (with BOS) exceed the row length {row_length}" if n > 0 else "empty document"
+            raise PackingError(f"{name}: {what}; documents are never truncated")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    tree = _CapacityTree(row_length)
+    rows: list[list[int]] = []
+    for i in order:
+        n = int(lengths[i])
+        cap = tree.find(n)
+        if cap >= 0:
+            r = tree.pop(cap)
             rows[r].append(i)
-            r_room -= n
+            room = cap - n
         else:
             r = len(rows)
             rows.append([i])
-            r_room = row_length - n
-        if r_room > 0:
-            bisect.insort(room, (r_room, r))
+            room = row_length - n
+        if room > 0:
+            tree.add(room, r)
     return rows
 
 
 @dataclass(frozen=True)
 class PackInput:
-    """One tokenized document: ``ids`` uint32 with BOS first, plus provenance."""
+    """One tokenized document: ``ids`` uint32 with BOS first, plus provenance.
+
+    ``loss_keep`` (uint8, len(ids)) marks tokens that may be predicted (0 = masked by a
+    loss policy); ``extras`` holds the optional enrichment values of this document:
+    planes as arrays aligned with ``ids``, ``chunk_boundaries`` as a list of dicts with
+    document token positions, ``call_edges``/``type_edges`` as lists of ``{"from", "to"}``
+    chunk indices, ``platform_ids`` as a list of ints.
+    """
 
     ids: np.ndarray
     doc_key: str
@@ -103,13 +206,49 @@ class PackInput:
     revision: str
     path: str
     chunk_index: int
+    loss_keep: np.ndarray | None = None
+    extras: dict = field(default_factory=dict)
 
 
-def build_rows(docs: Sequence[PackInput], row_length: int, bos_id: int, pad_id: int) -> pa.Table:
-    """Pack documents into a ROW_SCHEMA table (rows ordered by ``pack_id``)."""
+def _check_input(d: PackInput, bos_id: int, optional: Sequence[str]) -> None:
+    m = len(d.ids)
+    if m == 0 or int(d.ids[0]) != bos_id:
+        raise PackingError(f"{d.doc_key}: document does not start with BOS ({bos_id})")
+    if d.loss_keep is not None and len(d.loss_keep) != m:
+        raise PackingError(f"{d.doc_key}: loss_keep has {len(d.loss_keep)} entries for {m} tokens")
+    for name in optional:
+        if name not in d.extras:
+            raise PackingError(f"{d.doc_key}: optional column {name} missing for this document")
+    for p in PLANES:
+        if p in optional:
+            a = np.asarray(d.extras[p])
+            if a.shape != (m,):
+                raise PackingError(f"{d.doc_key}: plane {p} has {a.size} entries for {m} tokens")
+            if a.size and (a.min() < 0 or a.max() > 255):
+                raise PackingError(f"{d.doc_key}: plane {p} values outside uint8")
+    if "chunk_boundaries" in optional:
+        for j, c in enumerate(d.extras["chunk_boundaries"]):
+            if not 0 <= c["start"] < c["end"] <= m:
+                raise PackingError(f"{d.doc_key}: chunk {j} span [{c['start']}, {c['end']}) outside [0, {m})")
+        nchunks = len(d.extras["chunk_boundaries"])
+        for e in EDGE_COLUMNS:
+            for edge in d.extras.get(e) or []:
+                if not (0 <= edge["from"] < nchunks and 0 <= edge["to"] < nchunks):
+                    raise PackingError(f"{d.doc_key}: {e} {edge} points outside its {nchunks} chunks")
+
+
+def build_rows(docs: Sequence[PackInput], row_length: int, bos_id: int, pad_id: int,
+               optional: Sequence[str] = ()) -> pa.Table:
+    """Pack documents into a :func:`row_schema` (``optional``) table ordered by ``pack_id``.
+
+    ``optional`` names the optional columns to carry (every document must have them in
+    ``extras``). Chunk spans move by the document's row offset; edges move by the number
+    of chunks of the earlier documents of the row. Raises :class:`PackingError` naming
+    the document for a missing BOS, an oversized document or a misaligned column.
+    """
+    optional = [c for c in OPTIONAL_COLUMNS if c in optional]
     for d in docs:
-        if len(d.ids) == 0 or int(d.ids[0]) != bos_id:
-            raise PackingError(f"{d.doc_key}: document does not start with BOS ({bos_id})")
+        _check_input(d, bos_id, optional)
     assignment = best_fit_decreasing([len(d.ids) for d in docs], row_length, [d.doc_key for d in docs])
     L = row_length
     n = len(assignment)
@@ -117,19 +256,33 @@ def build_rows(docs: Sequence[PackInput], row_length: int, bos_id: int, pad_id: 
     target_ids = np.full((n, L), pad_id, dtype=np.uint32)
     loss_mask = np.zeros((n, L), dtype=np.uint8)
     doc_ids = np.zeros((n, L), dtype=np.uint32)
+    planes = {p: np.zeros((n, L), dtype=np.uint8) for p in PLANES if p in optional}
     valid = np.zeros(n, dtype=np.int32)
     num_docs = np.zeros(n, dtype=np.int32)
     keys, prov = [], []
+    chunks: list[list[dict]] = []
+    edges: dict[str, list[list[dict]]] = {e: [] for e in EDGE_COLUMNS if e in optional}
+    platforms: list[list[list[int]]] = []
     for r, members in enumerate(assignment):
         pos = 0
-        rk, rp = [], []
+        rk, rp, rc, rplat = [], [], [], []
+        re = {e: [] for e in edges}
         for k, i in enumerate(members):
             d = docs[i]
             m = len(d.ids)
             input_ids[r, pos:pos + m] = d.ids
             target_ids[r, pos:pos + m - 1] = d.ids[1:]
-            loss_mask[r, pos:pos + m - 1] = 1
+            loss_mask[r, pos:pos + m - 1] = 1 if d.loss_keep is None else d.loss_keep[1:]
             doc_ids[r, pos:pos + m] = k + 1
+            for p, a in planes.items():
+                a[r, pos:pos + m] = d.extras[p]
+            if "chunk_boundaries" in optional:
+                base = len(rc)
+                for e in edges:
+                    re[e].extend({"from": x["from"] + base, "to": x["to"] + base} for x in d.extras.get(e) or [])
+                rc.extend({**c, "start": c["start"] + pos, "end": c["end"] + pos} for c in d.extras["chunk_boundaries"])
+            if "platform_ids" in optional:
+                rplat.append([int(x) for x in d.extras["platform_ids"]])
             pos += m
             rk.append(d.doc_key)
             rp.append({"doc_key": d.doc_key, "source": d.source, "revision": d.revision,
@@ -138,13 +291,17 @@ def build_rows(docs: Sequence[PackInput], row_length: int, bos_id: int, pad_id: 
         num_docs[r] = len(members)
         keys.append(rk)
         prov.append(rp)
+        chunks.append(rc)
+        platforms.append(rplat)
+        for e in edges:
+            edges[e].append(re[e])
 
     def lists(a: np.ndarray, typ) -> pa.Array:
         flat = pa.array(a.reshape(-1), type=typ)
         offsets = pa.array(np.arange(0, a.size + 1, L, dtype=np.int32))
         return pa.ListArray.from_arrays(offsets, flat)
 
-    return pa.table({
+    cols = {
         "pack_id": pa.array(np.arange(n, dtype=np.int64)),
         "input_ids": lists(input_ids, pa.uint32()),
         "target_ids": lists(target_ids, pa.uint32()),
@@ -155,11 +312,23 @@ def build_rows(docs: Sequence[PackInput], row_length: int, bos_id: int, pad_id: 
         "slack_tokens": pa.array((L - valid).astype(np.int32)),
         "doc_keys": pa.array(keys, type=pa.list_(pa.string())),
         "provenance": pa.array(prov, type=pa.list_(PROVENANCE_TYPE)),
-    }, schema=ROW_SCHEMA)
+    }
+    for p, a in planes.items():
+        cols[p] = lists(a, pa.uint8())
+    if "chunk_boundaries" in optional:
+        cols["chunk_boundaries"] = pa.array(chunks, type=OPTIONAL_TYPES["chunk_boundaries"])
+    for e in edges:
+        cols[e] = pa.array(edges[e], type=OPTIONAL_TYPES[e])
+    if "platform_ids" in optional:
+        cols["platform_ids"] = pa.array(platforms, type=OPTIONAL_TYPES["platform_ids"])
+    schema = row_schema(optional)
+    return pa.table({f.name: cols[f.name] for f in schema}, schema=schema)
 
 
 def _matrix(table: pa.Table, column: str, L: int, where: str) -> np.ndarray:
     col = table.column(column).combine_chunks()
+    if col.null_count:
+        raise RowContractError(f"{where}: row {int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])}: {column} is null")
     lengths = col.value_lengths().to_numpy(zero_copy_only=False)
     bad = np.nonzero(lengths != L)[0]
     if len(bad):
@@ -167,18 +336,29 @@ def _matrix(table: pa.Table, column: str, L: int, where: str) -> np.ndarray:
     return col.flatten().to_numpy(zero_copy_only=False).reshape(-1, L)
 
 
+def _list_parts(table: pa.Table, column: str) -> tuple[np.ndarray, pa.Array]:
+    """(row index of every list element, flattened values) of a list column."""
+    col = table.column(column).combine_chunks()
+    lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.repeat(np.arange(len(col)), lengths), col.flatten()
+
+
 def check_rows(table: pa.Table, row_length: int, vocab_size: int, bos_id: int, pad_id: int, where: str = "rows") -> dict:
     """Assert the SPEC §6 row contract on every row; return summary figures.
 
     Checks: list lengths == L; ids < vocab; BOS first; PAD tail after
     ``valid_token_count``; ``doc_ids == cumsum(BOS)`` over the valid prefix and 0 on pad;
-    ``num_docs == count(BOS)`` ≥ 1; ``target_ids``/``loss_mask`` consistent with the next
-    in-document token; ``slack_tokens == L - valid``. Raises :class:`RowContractError`
-    naming the first violating row and rule.
+    ``num_docs == count(BOS)`` ≥ 1; ``target_ids`` is the next in-document token and PAD
+    elsewhere; ``loss_mask`` is 0/1 and 1 only where the target is a real in-document
+    token (a loss policy may clear more); ``slack_tokens == L - valid``;
+    ``len(doc_keys) == len(provenance) == num_docs``. Optional columns when present:
+    planes of length L and 0 on pad; chunk spans non-empty, inside the valid prefix and
+    inside one document; edges index existing chunks; one ``platform_ids`` list per
+    document. Raises :class:`RowContractError` naming the first violating row and rule.
     """
     L = row_length
     if table.num_rows == 0:
-        return {"rows": 0, "tokens": 0, "docs": 0}
+        return {"rows": 0, "tokens": 0, "docs": 0, "loss_tokens": 0}
     inp = _matrix(table, "input_ids", L, where)
     tgt = _matrix(table, "target_ids", L, where)
     msk = _matrix(table, "loss_mask", L, where)
@@ -209,24 +389,57 @@ def check_rows(table: pa.Table, row_length: int, vocab_size: int, bos_id: int, p
     exp_tgt = np.full_like(inp, pad_id)
     exp_tgt[:, :-1] = np.where(nxt_same[:, :-1], inp[:, 1:], pad_id)
     fail((tgt != exp_tgt).any(axis=1), "target_ids is not the next in-document token")
-    fail((msk != nxt_same.astype(np.uint8)).any(axis=1), "loss_mask disagrees with target_ids")
-    keys = table.column("doc_keys").combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
-    fail(keys != ndocs, "len(doc_keys) != num_docs")
+    fail((msk > 1).any(axis=1), "loss_mask holds a value other than 0/1")
+    fail(((msk == 1) & ~nxt_same).any(axis=1), "loss_mask is 1 where the target is not a real in-document token")
+    for col in ("doc_keys", "provenance"):
+        n = table.column(col).combine_chunks().value_lengths().fill_null(-1).to_numpy(zero_copy_only=False)
+        fail(n != ndocs, f"len({col}) != num_docs")
+    names = set(table.column_names)
+    for p in PLANES:
+        if p in names:
+            a = _matrix(table, p, L, where)
+            fail((a.astype(np.int64) * ~in_valid).any(axis=1), f"{p} is not 0 on pad")
+    nchunks = np.zeros(table.num_rows, dtype=np.int64)
+    if "chunk_boundaries" in names:
+        rows, flat = _list_parts(table, "chunk_boundaries")
+        nchunks = np.bincount(rows, minlength=table.num_rows)
+        if len(flat):
+            s = flat.field("start").to_numpy(zero_copy_only=False).astype(np.int64)
+            e = flat.field("end").to_numpy(zero_copy_only=False).astype(np.int64)
+            bad = (s < 0) | (e <= s) | (e > valid[rows])
+            fail(np.bincount(rows[bad], minlength=table.num_rows) > 0, "chunk span empty or outside the valid prefix")
+            se, ee = np.clip(s, 0, L - 1), np.clip(e - 1, 0, L - 1)
+            cross = dids[rows, se] != dids[rows, ee]
+            fail(np.bincount(rows[cross], minlength=table.num_rows) > 0, "chunk span crosses a document boundary")
+    for ecol in EDGE_COLUMNS:
+        if ecol in names:
+            rows, flat = _list_parts(table, ecol)
+            if len(flat):
+                f = flat.field("from").to_numpy(zero_copy_only=False).astype(np.int64)
+                t = flat.field("to").to_numpy(zero_copy_only=False).astype(np.int64)
+                bad = (f < 0) | (t < 0) | (f >= nchunks[rows]) | (t >= nchunks[rows])
+                fail(np.bincount(rows[bad], minlength=table.num_rows) > 0, f"{ecol} index outside the row's chunk_boundaries")
+    if "platform_ids" in names:
+        n = table.column("platform_ids").combine_chunks().value_lengths().fill_null(-1).to_numpy(zero_copy_only=False)
+        fail(n != ndocs, "len(platform_ids) != num_docs")
     return {"rows": int(table.num_rows), "tokens": int(valid.sum()), "docs": int(ndocs.sum()),
+            "loss_tokens": int(msk.sum()),
             "padding_fraction": float(1 - valid.sum() / (table.num_rows * L))}
 
 
 def write_shards(rows: pa.Table, out_dir: Path, *, row_length: int, vocab_size: int,
                  tokenizer_sha256: str, validation_fraction: float = 0.01,
-                 max_docs_per_shard: int = 50_000, extra: dict | None = None) -> dict:
+                 max_docs_per_shard: int = 50_000, extra: dict | None = None,
+                 row_group_size: int = 1024) -> dict:
     """Write packed rows as parquet shards plus the ``_SUCCESS`` sentinel (SPEC §6).
 
     The last ``ceil(validation_fraction × rows)`` rows (by ``pack_id``; none when there
     is a single row) go to ``validation-*.parquet``, the rest to ``train-*.parquet``;
-    each file holds at most ``max_docs_per_shard`` documents in 1,024-row row groups.
-    Any previous sentinel and shards are removed first; the sentinel (counts, file
-    sha256s, schema version, producer revision, tokenizer sha256) is written only after
-    the last file is closed. Returns the sentinel dict.
+    each file holds at most ``max_docs_per_shard`` documents (50,000, SPEC §6) in
+    ``row_group_size``-row row groups (1,024, SPEC §6). Any previous sentinel is removed
+    first and then the old shards; the sentinel (counts, file sha256s, schema version,
+    producer revision, tokenizer sha256 and vocabulary size) is written atomically only
+    after the last file is closed. Returns the sentinel dict.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -246,7 +459,7 @@ def write_shards(rows: pa.Table, out_dir: Path, *, row_length: int, vocab_size: 
                 acc += docs[end]
                 end += 1
             name = f"{split}-{shard:05d}.parquet"
-            write_parquet(tbl.slice(start, end - start), out_dir / name)
+            write_parquet(tbl.slice(start, end - start), out_dir / name, row_group_size=row_group_size)
             files.append({"file": name, "split": split, "rows": end - start, "docs": int(acc),
                           "tokens": int(tbl.slice(start, end - start).column("valid_token_count").to_numpy().sum()),
                           "sha256": sha256_file(out_dir / name)})
@@ -261,6 +474,7 @@ def write_shards(rows: pa.Table, out_dir: Path, *, row_length: int, vocab_size: 
         "validation_rows": n_val,
         "docs": int(sum(f["docs"] for f in files)),
         "tokens": int(sum(f["tokens"] for f in files)),
+        "optional_columns": [c for c in OPTIONAL_COLUMNS if c in rows.column_names],
         "files": files,
         **(extra or {}),
     }
@@ -274,12 +488,32 @@ class IncompleteShardsError(RuntimeError):
     """A packed-shard directory has no ``_SUCCESS`` sentinel or a file does not match it."""
 
 
-def read_success(out_dir: Path) -> dict:
-    """Load the ``_SUCCESS`` sentinel; readers refuse a directory without it."""
+def read_success(out_dir: Path, tokenizer_sha256: str | None = None, vocab_size: int | None = None) -> dict:
+    """Load the ``_SUCCESS`` sentinel; readers refuse a directory without it.
+
+    When ``tokenizer_sha256`` / ``vocab_size`` are given they must equal the sentinel's,
+    else :class:`TokenizerMismatchError` naming both values. Raises
+    :class:`IncompleteShardsError` when the sentinel is absent.
+    """
     p = Path(out_dir) / SUCCESS
     if not p.exists():
         raise IncompleteShardsError(f"{out_dir}: no {SUCCESS} sentinel; the shards are incomplete and must not be read")
-    return json.loads(p.read_text())
+    sentinel = json.loads(p.read_text())
+    check_tokenizer(sentinel, tokenizer_sha256, vocab_size, str(p))
+    return sentinel
+
+
+def check_tokenizer(recorded: dict, tokenizer_sha256: str | None, vocab_size: int | None, where: str) -> None:
+    """Refuse an artifact whose recorded ``tokenizer_sha256``/``vocab_size`` differ from the
+    expected ones (``None`` = not checked). Raises :class:`TokenizerMismatchError`."""
+    if tokenizer_sha256 is not None and recorded.get("tokenizer_sha256") != tokenizer_sha256:
+        raise TokenizerMismatchError(
+            f"{where}: produced with tokenizer sha256 {recorded.get('tokenizer_sha256')}, "
+            f"but the snapshot tokenizer is {tokenizer_sha256}; re-run the stages after the tokenizer")
+    if vocab_size is not None and recorded.get("vocab_size") != vocab_size:
+        raise TokenizerMismatchError(
+            f"{where}: produced for vocabulary size {recorded.get('vocab_size')}, "
+            f"but the snapshot tokenizer has {vocab_size}")
 
 
 def shard_digest(sentinel: dict) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import acquire, chunk, chunk_dedup, dedup, license, megatron, pack, quality, scrub, tokenize
+from . import acquire, chunk, chunk_dedup, dedup, license, megatron, minhash, pack, quality, scrub, tokenize
 from . import tokenizer as tk
 from .layout import SnapshotLayout
 from .manifest import Manifest, Source
@@ -69,20 +69,38 @@ def save_manifest_copy(layout: SnapshotLayout, manifest: Manifest) -> Path:
 # --------------------------------------------------------------------------- stage 0
 
 def run_acquire(layout: SnapshotLayout, manifest: Manifest, source: Source) -> StageResult:
-    """Fetch (or reuse) the pinned archive and write ``revisions/SOURCE/source_files.parquet``."""
+    """Fetch (or reuse) the pinned source of any kind and write ``revisions/SOURCE/source_files.parquet``.
+
+    A fetch, pin or safe-extraction failure raises before anything is written, and an
+    earlier ``source_files.parquet`` of the partition is removed first so that no stale
+    output survives a failed run.
+    """
     t0 = time.perf_counter()
-    archive = acquire.fetch_pypi_sdist(source, layout.cache)
-    table = acquire.source_files_table(manifest.name, source, archive)
-    out = write_parquet(table, layout.revision(source.name) / "source_files.parquet")
+    out_path = layout.revision(source.name) / "source_files.parquet"
+    out_path.unlink(missing_ok=True)
+    acquired = acquire.acquire_source(source, layout.cache)
+    table = acquire.source_files_table(manifest.name, source, acquired)
+    out = write_parquet(table, out_path)
     figures = {
         "source": source.name, "kind": source.kind, "version": source.version,
-        "archive": archive.filename, "archive_sha256": archive.sha256, "from_cache": archive.from_cache,
+        "archive": acquired.origin, "revision": acquired.revision, "archive_sha256": acquired.archive_sha256 or acquired.revision,
+        "from_cache": acquired.from_cache, "pin": manifest.revision_pin(source),
         "files": table.num_rows, "bytes": int(pc.sum(table.column("size")).as_py() or 0),
         "languages": value_counts(table.column("language")),
     }
     res = StageResult("acquire", {"source_files": str(out)}, figures)
-    res.checks["hash_matches_pin"] = (archive.sha256 == source.sha256, f"sha256 {archive.sha256}")
+    res.checks["hash_matches_pin"] = (acquired.pin_ok, f"{source.kind} revision {acquired.revision}")
+    from megacpp_checks.schemas.acquire import validate_source_files
+
+    ok, detail = validate_source_files(table)
+    res.checks["source_files_schema"] = (ok, detail)
     return _timed(layout, "acquire", source.name, t0, res)
+
+
+def source_revision(layout: SnapshotLayout, source: Source) -> str | None:
+    """The revision recorded by stage 0 for ``source`` (archive sha256, commit sha or local hash)."""
+    fig = layout.read_figures("acquire", source.name) or {}
+    return fig.get("revision") or source.sha256
 
 
 # --------------------------------------------------------------------------- stage 1
@@ -100,6 +118,10 @@ def run_quality(layout: SnapshotLayout, manifest: Manifest, source: Source) -> S
     reasons = excl.num_rows == 0 or pc.all(pc.invert(pc.is_null(excl.column("filter")))).as_py()
     res.checks["counts_add_up"] = (bool(adds_up), f"{figures['files_in']} in = {figures['files_out']} kept + {sum(figures['rejected'].values())} rejected")
     res.checks["every_rejection_has_reason"] = (bool(reasons), f"{excl.num_rows} exclusions")
+    from megacpp_checks.schemas import quality as quality_schema
+
+    checks = [quality_schema.validate_kept(kept), quality_schema.validate_exclusions(excl)]
+    res.checks["quality_schema"] = (all(ok for ok, _ in checks), "; ".join(d for _, d in checks))
     return _timed(layout, "quality", source.name, t0, res)
 
 
@@ -118,8 +140,13 @@ def shared_scanner() -> license.Scanner:
 
 def license_policy(manifest: Manifest) -> license.LicensePolicy:
     """The snapshot's license policy from its settings (SPEC §4 defaults)."""
-    return license.LicensePolicy(unknown_decision=manifest.settings.license_unknown_decision,
-                                 refused_sources=frozenset(manifest.settings.refused_sources))
+    s = manifest.settings
+    return license.LicensePolicy(unknown_decision=s.license_unknown_decision,
+                                 weak_copyleft_decision=s.license_weak_copyleft_decision,
+                                 gpl2_decision=s.license_gpl2_decision,
+                                 refused_sources=frozenset(s.refused_sources),
+                                 extra_permissive=frozenset(s.license_permissive_ids),
+                                 extra_refused=frozenset(s.license_refused_ids))
 
 
 LICENSE_SCHEMA = pa.schema([
@@ -162,6 +189,11 @@ def run_license(layout: SnapshotLayout, manifest: Manifest, source: Source, scan
     undecided = sum(1 for d in cols["decision"] if d not in ("accept", "accept_tagged", "refuse"))
     res.checks["every_file_decided"] = (undecided == 0 and table.num_rows == kept.num_rows,
                                         f"{table.num_rows} decisions for {kept.num_rows} kept files, {undecided} undecided")
+    from megacpp_checks.schemas import license as license_schema
+
+    res.checks["license_schema"] = license_schema.validate_license(table)
+    res.figures["scancode_runs"] = scanner.scans
+    res.figures["scancode_cache_hits"] = scanner.cache_hits
     return _timed(layout, "license", source.name, t0, res)
 
 
@@ -186,6 +218,7 @@ def run_scrub(layout: SnapshotLayout, manifest: Manifest, source: Source) -> Sta
     decision = {k: (c, d, e) for k, c, d, e in zip(lic.column("doc_key").to_pylist(), lic.column("license_class").to_pylist(),
                                                  lic.column("decision").to_pylist(), lic.column("spdx_expression").to_pylist())}
     cols = {f.name: [] for f in SCRUBBED_SCHEMA}
+    revision = source_revision(layout, source)
     counts: dict[str, int] = {}
     samples: list[dict] = []
     for key, path, lang, text in zip(kept.column("doc_key").to_pylist(), kept.column("path").to_pylist(),
@@ -207,7 +240,7 @@ def run_scrub(layout: SnapshotLayout, manifest: Manifest, source: Source) -> Sta
         cols["source_order"].append(source.order)
         cols["path"].append(path)
         cols["language"].append(lang)
-        cols["archive_sha256"].append(source.sha256)
+        cols["archive_sha256"].append(revision)
         cols["license_class"].append(cls)
         cols["license_decision"].append(dec)
         cols["spdx_expression"].append(expr)
@@ -221,6 +254,9 @@ def run_scrub(layout: SnapshotLayout, manifest: Manifest, source: Source) -> Sta
     res.checks["no_refused_license_downstream"] = (refused == 0, f"{refused} refused files in the output")
     leaking = [k for k, t in zip(cols["doc_key"], cols["text"]) if scrub.find_leaks(t)]
     res.checks["rescan_finds_nothing"] = (not leaking, f"{len(leaking)} files with leaks after scrub" + (f", first {leaking[0]}" if leaking else ""))
+    from megacpp_checks.schemas import scrub as scrub_schema
+
+    res.checks["scrub_schema"] = scrub_schema.validate_scrubbed(table)
     return _timed(layout, "scrub", source.name, t0, res)
 
 
@@ -231,8 +267,97 @@ def _snapshot_scrubbed(layout: SnapshotLayout, manifest: Manifest) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-def run_dedup(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
-    """Exact then near dedup across every source; write ``dedup/decisions.parquet`` and ``dedup/kept.parquet``."""
+def signatures_table(doc_keys: list[str], sig: np.ndarray) -> pa.Table:
+    """``minhash_signatures`` table: ``doc_key`` and ``signature`` as a fixed-size list of
+    ``num_perm`` uint32 (4 bytes per permutation, 512 B per file at 128)."""
+    flat = pa.array(np.ascontiguousarray(sig, dtype=np.uint32).ravel(), type=pa.uint32())
+    return pa.table({"doc_key": pa.array(doc_keys, pa.string()),
+                     "signature": pa.FixedSizeListArray.from_arrays(flat, sig.shape[1])})
+
+
+def read_signatures(path: Path) -> tuple[list[str], np.ndarray]:
+    """``(doc_keys, uint32[n, num_perm])`` from a ``minhash.parquet`` file."""
+    t = read_parquet(path)
+    col = t.column("signature").combine_chunks()  # parquet may hand back a plain list<uint32>
+    flat = np.asarray(col.flatten(), dtype=np.uint32)
+    n = len(col)
+    if n == 0 or flat.size % n or (pc.list_value_length(col).to_numpy() != flat.size // n).any():
+        if n == 0:
+            return [], flat.reshape(0, 0)
+        raise StageError(f"{path}: signatures are not all of one length")
+    return t.column("doc_key").to_pylist(), flat.reshape(n, flat.size // n)
+
+
+def run_minhash(layout: SnapshotLayout, manifest: Manifest, source: Source) -> StageResult:
+    """MinHash signatures of one revision's scrubbed files; write ``revisions/SOURCE/minhash.parquet``.
+
+    Per ``repo_revision`` partition so each can run as its own pod; signatures use the
+    snapshot's ``minhash_num_perm`` and ``shingle_k`` and seed 1 (:mod:`megacpp_core.minhash`)."""
+    t0 = time.perf_counter()
+    s = manifest.settings
+    docs = read_parquet(layout.revision(source.name) / "scrubbed.parquet", columns=["doc_key", "text"])
+    texts = docs.column("text").to_pylist()
+    c0 = time.process_time()
+    sig = minhash.signatures(texts, num_perm=s.minhash_num_perm, k=s.shingle_k)
+    cpu = time.process_time() - c0
+    table = signatures_table(docs.column("doc_key").to_pylist(), sig)
+    out = write_parquet(table, layout.revision(source.name) / "minhash.parquet")
+    nbytes = sum(len(t.encode("utf-8")) for t in texts)
+    figures = {"source": source.name, "files": len(texts), "bytes": nbytes, "num_perm": s.minhash_num_perm,
+               "shingle_k": s.shingle_k, "empty_signatures": int(minhash.is_empty(sig).sum()),
+               "signature_bytes": int(sig.nbytes), "mb_per_cpu_second": round(nbytes / 1e6 / cpu, 3) if cpu > 0 else 0.0}
+    res = StageResult("minhash", {"signatures": str(out)}, figures)
+    res.checks["one_signature_per_file"] = (table.num_rows == len(texts) and sig.shape == (len(texts), s.minhash_num_perm),
+                                            f"{table.num_rows} signatures of {s.minhash_num_perm} uint32 for {len(texts)} files")
+    return _timed(layout, "minhash", source.name, t0, res)
+
+
+def _snapshot_signatures(layout: SnapshotLayout, manifest: Manifest) -> tuple[list[str], list[str], np.ndarray]:
+    keys, srcs, sigs = [], [], []
+    for src in manifest.sources:
+        k, sg = read_signatures(layout.revision(src.name) / "minhash.parquet")
+        keys += k
+        srcs += [src.name] * len(k)
+        sigs.append(sg)
+    width = manifest.settings.minhash_num_perm
+    sigs = [sg if len(sg) else np.zeros((0, width), np.uint32) for sg in sigs]
+    return keys, srcs, (np.concatenate(sigs) if sigs else np.zeros((0, width), np.uint32))
+
+
+def lsh_band_file(layout: SnapshotLayout, band_lo: int, band_hi: int) -> Path:
+    """Where the cross-source LSH step for bands ``[band_lo, band_hi)`` writes its pairs."""
+    return layout.stage_dir("dedup") / f"lsh_bands_{band_lo:02d}_{band_hi:02d}.parquet"
+
+
+def run_lsh_bands(layout: SnapshotLayout, manifest: Manifest, band_lo: int, band_hi: int) -> StageResult:
+    """Cross-source LSH candidate pairs of bands ``[band_lo, band_hi)`` (of 14 × 8) over every
+    revision's signatures; write ``dedup/lsh_bands_LO_HI.parquet`` (``doc_key_a < doc_key_b``)."""
+    t0 = time.perf_counter()
+    keys, srcs, sig = _snapshot_signatures(layout, manifest)
+    order = {x.name: i for i, x in enumerate(manifest.sources)}
+    src_id = np.array([order[n] for n in srcs], dtype=np.int64)
+    pairs = dedup.cross_source_candidates(sig, src_id, band_lo, band_hi)
+    a = [keys[i] for i in pairs[:, 0]]
+    b = [keys[j] for j in pairs[:, 1]]
+    rows = sorted((min(x, y), max(x, y)) for x, y in zip(a, b))
+    table = pa.table({"doc_key_a": pa.array([r[0] for r in rows], pa.string()),
+                      "doc_key_b": pa.array([r[1] for r in rows], pa.string())})
+    out = write_parquet(table, lsh_band_file(layout, band_lo, band_hi))
+    figures = {"band_lo": band_lo, "band_hi": band_hi, "rows_per_band": dedup.CROSS_ROWS, "documents": len(keys),
+               "candidate_pairs": table.num_rows, "index_bytes_per_document": (band_hi - band_lo) * 12}
+    res = StageResult(f"lsh_bands_{band_lo:02d}_{band_hi:02d}", {"pairs": str(out)}, figures)
+    cross = all(srcs[i] != srcs[j] for i, j in pairs.tolist())
+    res.checks["pairs_cross_source"] = (cross, f"{table.num_rows} candidate pairs, all across sources" if cross else "same-source pair found")
+    return _timed(layout, res.stage, None, t0, res)
+
+
+def run_dedup(layout: SnapshotLayout, manifest: Manifest, band_ranges: list[tuple[int, int]] | None = None) -> StageResult:
+    """Exact, near and cross-source dedup across every source; write ``dedup/decisions.parquet``,
+    ``dedup/duplicate_clusters.parquet`` and ``dedup/kept.parquet``.
+
+    Uses the per-revision ``minhash.parquet`` signatures when present (computed here
+    otherwise) and, when ``band_ranges`` is given, merges the cross-source candidate pairs
+    written by :func:`run_lsh_bands` for those ranges (they must cover bands 0–13)."""
     t0 = time.perf_counter()
     s = manifest.settings
     docs = _snapshot_scrubbed(layout, manifest)
@@ -240,12 +365,28 @@ def run_dedup(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     records = [dedup.DedupRecord(doc_key=d["doc_key"][i], source=d["source"][i], source_order=d["source_order"][i],
                                  path=d["path"][i], license_class=d["license_class"][i], text=d["text"][i])
                for i in range(docs.num_rows)]
-    result = dedup.deduplicate(records, num_perm=s.minhash_num_perm, threshold=s.minhash_threshold, shingle_k=s.shingle_k)
-    decisions = pa.Table.from_pylist(result.decisions)
+    sigs = None
+    if all((layout.revision(x.name) / "minhash.parquet").exists() for x in manifest.sources):
+        keys, _, sig = _snapshot_signatures(layout, manifest)
+        sigs = dict(zip(keys, sig)) if sig.shape[1] == s.minhash_num_perm else None
+    cross_pairs = None
+    if band_ranges is not None:
+        covered = sorted(b for lo, hi in band_ranges for b in range(lo, hi))
+        if covered != list(range(dedup.CROSS_BANDS)):
+            raise StageError(f"band ranges {band_ranges} do not cover bands 0-{dedup.CROSS_BANDS - 1} exactly once")
+        cross_pairs = []
+        for lo, hi in band_ranges:
+            t = read_parquet(lsh_band_file(layout, lo, hi))
+            cross_pairs += list(zip(t.column("doc_key_a").to_pylist(), t.column("doc_key_b").to_pylist()))
+    result = dedup.deduplicate(records, num_perm=s.minhash_num_perm, threshold=s.minhash_threshold, shingle_k=s.shingle_k,
+                               signatures=sigs, cross_pairs=cross_pairs)
+    decisions = pa.Table.from_pylist(result.decisions, schema=DECISIONS_SCHEMA)
+    clusters = pa.Table.from_pylist(result.clusters, schema=CLUSTERS_SCHEMA)
     out_dir = layout.stage_dir("dedup")
     write_parquet(decisions, out_dir / "decisions.parquet")
+    write_parquet(clusters, out_dir / "duplicate_clusters.parquet")
     keep = {r["doc_key"] for r in result.decisions if r["keep"]}
-    kept = docs.filter(pa.array([k in keep for k in d["doc_key"]]))
+    kept = docs.filter(pa.array([k in keep for k in d["doc_key"]], type=pa.bool_()))
     # keep order for every later stage: license rank, source order, path
     k = kept.select(["license_class", "source_order", "path"]).to_pydict()
     order = sorted(range(kept.num_rows), key=lambda i: (dedup.LICENSE_RANK[k["license_class"][i]], k["source_order"][i], k["path"][i]))
@@ -253,36 +394,82 @@ def run_dedup(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     write_parquet(kept, out_dir / "kept.parquet")
     figures = dict(result.figures)
     figures["bytes_out"] = int(sum(len(t.encode("utf-8")) for t in kept.column("text").to_pylist()))
-    drops = [r for r in result.decisions if not r["keep"]]
-    res = StageResult("dedup", {"decisions": str(out_dir / "decisions.parquet"), "kept": str(out_dir / "kept.parquet")}, figures)
-    twins_ok = all(r["kept_twin"] in keep for r in drops)
-    res.checks["each_drop_names_kept_twin"] = (twins_ok, f"{len(drops)} drops")
+    figures["signatures_precomputed"] = sigs is not None
+    figures["cross_pairs_from_band_steps"] = band_ranges is not None
+    res = StageResult("dedup", {"decisions": str(out_dir / "decisions.parquet"), "kept": str(out_dir / "kept.parquet"),
+                                "duplicate_clusters": str(out_dir / "duplicate_clusters.parquet")}, figures)
+    from megacpp_checks.schemas import dedup as dedup_schema
+
+    res.checks["each_drop_names_kept_twin"] = dedup_schema.validate_decisions(decisions, clusters)
     return _timed(layout, "dedup", None, t0, res)
+
+
+DECISIONS_SCHEMA = pa.schema([
+    ("doc_key", pa.string()), ("keep", pa.bool_()), ("dup_kind", pa.string()), ("kept_twin", pa.string()),
+    ("jaccard", pa.float64()), ("cluster_id", pa.int64()), ("content_sha256", pa.string()),
+])
+CLUSTERS_SCHEMA = pa.schema([
+    ("cluster_id", pa.int64()), ("cluster_size", pa.int64()), ("doc_key", pa.string()), ("source", pa.string()),
+    ("is_kept", pa.bool_()), ("kept_doc_key", pa.string()), ("dup_kind", pa.string()), ("jaccard_to_kept", pa.float64()),
+])
 
 
 # --------------------------------------------------------------------------- stage 5
 
 def run_tokenizer(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
-    """Train the BPE tokenizer on the deduplicated snapshot; write ``tokenizer/``."""
+    """Train the hybrid tokenizer on the deduplicated snapshot, or take the manifest's pinned
+    ``tokenizer: {path, sha256}`` (sha256 checked, no training); write ``tokenizer/``.
+
+    Gates: exact vocabulary size, special and fixed tokens at their IDs, and
+    ``decode(encode(text)) == text`` for every document (a failure raises :class:`StageError`).
+    """
     t0 = time.perf_counter()
     kept = read_parquet(layout.stage_dir("dedup") / "kept.parquet", columns=["doc_key", "text"])
     texts = kept.column("text").to_pylist()
-    build = tk.train_tokenizer(texts, vocab_size=manifest.settings.vocab_size)
     out_dir = layout.stage_dir("tokenizer")
-    info = tk.save_tokenizer(build, out_dir, extra={"snapshot": manifest.name})
-    tok = tk.load_tokenizer(out_dir / "tokenizer.json", info["tokenizer_sha256"])
+    vocab_size = manifest.settings.vocab_size
+    if manifest.tokenizer is not None:
+        pin = manifest.tokenizer
+        try:
+            _, lay = tk.pin_tokenizer(pin["path"], pin["sha256"], vocab_size)
+        except (tk.TokenizerMismatchError, FileNotFoundError) as e:
+            raise StageError(f"pinned tokenizer refused: {e}") from e
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / (tk.TOKENIZER_FILE + ".tmp")
+        shutil.copyfile(pin["path"], tmp)  # bytes as pinned, so the sha256 carries over
+        tmp.replace(out_dir / tk.TOKENIZER_FILE)
+        info = {"tokenizer_file": tk.TOKENIZER_FILE, "tokenizer_sha256": tk.tokenizer_sha256(out_dir / tk.TOKENIZER_FILE),
+                "tokenizers_version": tokenizers_version(), "pinned": {"path": pin["path"], "sha256": pin["sha256"]},
+                "snapshot": manifest.name, "special_tokens": tk.SPECIAL_TOKENS, "encode_special_tokens": True,
+                "training_documents": 0, **lay}
+        atomic_write_text(out_dir / tk.MANIFEST_FILE, json.dumps(info, sort_keys=True, indent=2) + "\n")
+        fixed_count, learned, reserved, bands = lay["fixed"], lay["learned"], lay["reserved"], lay["bands"]
+    else:
+        build = tk.train_tokenizer(texts, vocab_size=vocab_size)
+        info = tk.save_tokenizer(build, out_dir, extra={"snapshot": manifest.name})
+        fixed_count, learned, reserved, bands = build.fixed, build.learned, build.reserved, build.bands
+    tok = tk.load_tokenizer(out_dir / tk.TOKENIZER_FILE, info["tokenizer_sha256"])
     failures = tk.check_round_trip(tok, zip(kept.column("doc_key").to_pylist(), texts))
     if failures:
         raise StageError(f"tokenizer round trip fails on {len(failures)} documents, first {failures[0]}")
-    ok_ids = all(tok.token_to_id(t) == i for i, t in enumerate(tk.SPECIAL_TOKENS))
-    figures = {"vocab_size": build.vocab_size, "learned": build.learned, "reserved": build.reserved,
-               "sha256": info["tokenizer_sha256"], "bands": build.bands, "training_documents": len(texts)}
-    res = StageResult("tokenizer", {"tokenizer": str(out_dir / "tokenizer.json")}, figures)
-    res.checks["vocab_size_exact"] = (tok.get_vocab_size(with_added_tokens=True) == manifest.settings.vocab_size,
-                                      f"{tok.get_vocab_size(with_added_tokens=True)} ids")
-    res.checks["fixed_special_ids"] = (ok_ids, "special tokens at ids 0-63")
+    fixed = tk.SPECIAL_TOKENS + (tk.fixed_tokens() if fixed_count else [])
+    ok_ids = all(tok.token_to_id(t) == i for i, t in enumerate(fixed))
+    figures = {"vocab_size": vocab_size, "fixed": fixed_count, "learned": learned, "reserved": reserved,
+               "sha256": info["tokenizer_sha256"], "bands": bands, "training_documents": len(texts),
+               "pinned": manifest.tokenizer is not None, "seed_morphemes": len(info.get("seed_morphemes") or {})}
+    res = StageResult("tokenizer", {"tokenizer": str(out_dir / tk.TOKENIZER_FILE)}, figures)
+    res.checks["vocab_size_exact"] = (tok.get_vocab_size(with_added_tokens=True) == vocab_size,
+                                      f"{tok.get_vocab_size(with_added_tokens=True)} ids, reserved fill {reserved}")
+    res.checks["fixed_special_ids"] = (ok_ids, f"special tokens at ids 0-63, {fixed_count} fixed-band tokens at their ids")
     res.checks["round_trip_every_document"] = (not failures, f"{len(texts) - len(failures)}/{len(texts)} documents round-trip exactly")
     return _timed(layout, "tokenizer", None, t0, res)
+
+
+def tokenizers_version() -> str:
+    """Version string of the installed HuggingFace ``tokenizers`` package."""
+    import tokenizers
+
+    return tokenizers.__version__
 
 
 def _load_snapshot_tokenizer(layout: SnapshotLayout):
@@ -368,6 +555,13 @@ def run_tokenize(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     """BOS + uint32 ids for every document; write ``tokenized/documents.parquet``."""
     t0 = time.perf_counter()
     tok, info = _load_snapshot_tokenizer(layout)
+    chunk_figs = layout.read_figures("chunk") or {}
+    try:
+        tokenize.check_tokenizer(tok, info, vocab_size=manifest.settings.vocab_size,
+                                 pinned_sha256=(manifest.tokenizer or {}).get("sha256"),
+                                 upstream_sha256=chunk_figs.get("tokenizer_sha256"))
+    except tk.TokenizerMismatchError as e:
+        raise StageError(f"tokenize refuses the snapshot tokenizer: {e}") from e
     docs = read_parquet(layout.stage_dir("documents") / "deduped.parquet")
     table, figures = tokenize.tokenize_documents(docs, tok, info["vocab_size"])
     too_long = pc.sum(pc.greater(table.column("n_tokens"), manifest.settings.row_length)).as_py() or 0
@@ -376,6 +570,7 @@ def run_tokenize(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     table = table.replace_schema_metadata(None)
     out = write_parquet(table, layout.stage_dir("tokenized") / "documents.parquet")
     figures["tokenizer_sha256"] = info["sha256"]
+    figures["vocab_size"] = info["vocab_size"]
     res = StageResult("tokenize", {"documents": str(out)}, figures)
     back = read_parquet(out, columns=["input_ids"]).column("input_ids").combine_chunks()
     firsts = pc.list_element(back, 0) if len(back) else pa.array([], pa.uint32())
@@ -388,31 +583,88 @@ def run_tokenize(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
 
 # --------------------------------------------------------------------------- stage 9
 
-def run_pack(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
-    """Best-fit-decreasing packing into ``row_length`` rows; write ``packed/`` + ``_SUCCESS``."""
-    t0 = time.perf_counter()
-    _, info = _load_snapshot_tokenizer(layout)
+_BASE_PACK_COLUMNS = ["doc_key", "source", "revision", "path", "chunk_index", "input_ids"]
+
+
+def _check_tokenized_lineage(layout: SnapshotLayout, info: dict) -> None:
+    """Refuse tokenized documents made with another tokenizer than the snapshot's
+    (``figures/tokenize.json`` records the tokenizer sha256). Raises
+    :class:`pack.TokenizerMismatchError` naming both hashes."""
+    figs = layout.read_figures("tokenize") or {}
+    pack.check_tokenizer({"tokenizer_sha256": figs.get("tokenizer_sha256")}, info["sha256"], None,
+                         str(layout.stage_dir("tokenized") / "documents.parquet"))
+
+
+def fim_config(manifest: Manifest):
+    """The snapshot's :class:`megacpp_core.fim.FimConfig` from its settings."""
+    from . import fim
+
     s = manifest.settings
-    docs = read_parquet(layout.stage_dir("tokenized") / "documents.parquet",
-                        columns=["doc_key", "source", "revision", "path", "chunk_index", "input_ids"])
-    d = docs.to_pydict()
-    inputs = [pack.PackInput(np.asarray(d["input_ids"][i], dtype=np.uint32), d["doc_key"][i], d["source"][i],
-                             d["revision"][i], d["path"][i], d["chunk_index"][i]) for i in range(docs.num_rows)]
-    rows = pack.build_rows(inputs, s.row_length, tk.BOS_ID, tk.PAD_ID)
+    return fim.FimConfig(rate=s.fim_rate, spm_share=s.fim_spm_share, seed=s.fim_seed,
+                         doc_comment_policy=s.fim_doc_comment_policy)
+
+
+def packed_documents(layout: SnapshotLayout, manifest: Manifest, tok) -> tuple[list[pack.PackInput], list[str], dict, pa.Table]:
+    """The tokenized documents as :class:`pack.PackInput` after FIM (deterministic by seed
+    and doc key), the optional enrichment columns they carry, FIM figures and the raw table
+    (``doc_key``, ``text``, ``input_ids``, tokenized order)."""
+    import pyarrow.parquet as pq
+
+    from . import fim
+
+    path = layout.stage_dir("tokenized") / "documents.parquet"
+    names = pq.read_schema(path).names
+    optional = [c for c in pack.OPTIONAL_COLUMNS if c in names]
+    docs = read_parquet(path, columns=_BASE_PACK_COLUMNS + ["text"] + optional)
+    ids = docs.column("input_ids").combine_chunks()
+    offsets = ids.offsets.to_numpy()
+    flat = ids.values.to_numpy(zero_copy_only=False).astype(np.uint32, copy=False)
+    d = docs.select([c for c in _BASE_PACK_COLUMNS if c != "input_ids"] + optional).to_pydict()
+    inputs = []
+    for i in range(docs.num_rows):
+        extras = {c: (np.asarray(d[c][i], dtype=np.int64) if c in pack.PLANES else d[c][i]) for c in optional}
+        inputs.append(pack.PackInput(flat[offsets[i]:offsets[i + 1]], d["doc_key"][i], d["source"][i], d["revision"][i],
+                                     d["path"][i], d["chunk_index"][i], extras=extras))
+    cfg = fim_config(manifest)
+    table = fim.token_byte_table(tok) if cfg.rate > 0 and cfg.doc_comment_policy == "mask" else None
+    inputs, figs = fim.apply_fim_all(inputs, cfg, manifest.settings.row_length, table)
+    return inputs, optional, figs, docs.select(["doc_key", "text", "input_ids"])
+
+
+def run_pack(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
+    """FIM, then best-fit-decreasing packing into ``row_length`` rows; write ``packed/`` + ``_SUCCESS``.
+
+    Refuses (:class:`pack.TokenizerMismatchError`) tokenized documents made with another
+    tokenizer; the producer asserts the row contract before writing
+    (:class:`pack.RowContractError`), the gate re-reads every shard after.
+    """
+    t0 = time.perf_counter()
+    tok, info = _load_snapshot_tokenizer(layout)
+    _check_tokenized_lineage(layout, info)
+    s = manifest.settings
+    inputs, optional, fim_figs, _ = packed_documents(layout, manifest, tok)
+    t_pack = time.perf_counter()
+    rows = pack.build_rows(inputs, s.row_length, tk.BOS_ID, tk.PAD_ID, optional=optional)
+    pack_seconds = time.perf_counter() - t_pack
     summary = pack.check_rows(rows, s.row_length, info["vocab_size"], tk.BOS_ID, tk.PAD_ID, where="packed rows")
-    sentinel = pack.write_shards(rows, layout.stage_dir("packed"), row_length=s.row_length, vocab_size=info["vocab_size"],
-                                 tokenizer_sha256=info["sha256"], validation_fraction=s.validation_fraction,
-                                 max_docs_per_shard=s.max_docs_per_shard, extra={"snapshot": manifest.name})
     total = summary["tokens"]
     lower = -(-total // s.row_length)
+    sentinel = pack.write_shards(rows, layout.stage_dir("packed"), row_length=s.row_length, vocab_size=info["vocab_size"],
+                                 tokenizer_sha256=info["sha256"], validation_fraction=s.validation_fraction,
+                                 max_docs_per_shard=s.max_docs_per_shard,
+                                 extra={"snapshot": manifest.name, "rows_lower_bound": lower,
+                                        "fim": {k: v for k, v in fim_figs.items()}})
     figures = {**summary, "row_length": s.row_length, "rows_lower_bound": lower,
                "rows_over_lower_bound": round(summary["rows"] / max(1, lower), 4),
-               "validation_rows": sentinel["validation_rows"], "files": len(sentinel["files"])}
+               "validation_rows": sentinel["validation_rows"], "files": len(sentinel["files"]),
+               "optional_columns": optional, "packing_seconds": round(pack_seconds, 4),
+               "tokenizer_sha256": info["sha256"], **fim_figs}
     res = StageResult("pack", {"packed": str(layout.stage_dir("packed"))}, figures)
     from megacpp_checks.packed import verify_packed_dir  # re-read every shard from disk
 
-    gate = verify_packed_dir(layout.stage_dir("packed"), out=lambda m: None)
-    res.checks["row_contract"] = (gate.ok, "; ".join(gate.failures) or f"{gate.figures['rows']} rows re-read and valid (SPEC §6)")
+    gate = verify_packed_dir(layout.stage_dir("packed"), out=lambda m: None,
+                             tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"])
+    res.checks["row_contract"] = (gate.ok, "; ".join(gate.failures) or f"{gate.figures['rows']} rows re-read and valid (SPEC §6, pandera)")
     return _timed(layout, "pack", None, t0, res)
 
 
@@ -423,26 +675,56 @@ def megatron_prefix(layout: SnapshotLayout, manifest: Manifest) -> Path:
     return layout.stage_dir("megatron") / f"{manifest.name}_text_document"
 
 
+EXPORT_LEVELS = ("document", "row")
+
+
 def run_format(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
-    """Write Megatron ``.bin/.idx`` (one sequence per document) and run the verify gate."""
+    """Write Megatron ``.bin/.idx`` and run the verify gate (SPEC §7).
+
+    ``settings.megatron_export``: ``"document"`` (default) writes one sequence per document
+    exactly as it enters the rows (after FIM, tokenized order); ``"row"`` writes every packed
+    row (all L tokens, train then validation) as one sequence, for ``GPTDataset`` with
+    ``sequence_length = L`` and ``add_extra_token_to_sequence=False``. Refuses packed rows
+    made with another tokenizer (:class:`pack.TokenizerMismatchError`).
+    """
+    import pyarrow.parquet as pq
+
     from megacpp_checks import verify  # the gate lives with the checks
 
     t0 = time.perf_counter()
-    _, info = _load_snapshot_tokenizer(layout)
-    docs = read_parquet(layout.stage_dir("tokenized") / "documents.parquet", columns=["doc_key", "text", "input_ids"])
+    tok, info = _load_snapshot_tokenizer(layout)
+    level = manifest.settings.megatron_export
+    if level not in EXPORT_LEVELS:
+        raise StageError(f"settings.megatron_export {level!r} not in {EXPORT_LEVELS}")
+    packed = layout.stage_dir("packed")
+    sentinel = pack.read_success(packed, tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"])
     prefix = megatron_prefix(layout, manifest)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    ids = docs.column("input_ids").to_pylist()
-    written = megatron.write_indexed_dataset(prefix, (np.asarray(x, dtype=np.uint32) for x in ids), info["vocab_size"])
-    doc_table = docs.select(["doc_key", "text"])
+    if level == "document":
+        inputs, _, _, raw = packed_documents(layout, manifest, tok)
+        texts = raw.column("text").to_pylist()
+        seqs = [d.ids for d in inputs]
+        keys = [d.doc_key for d in inputs]
+        texts = [t if len(q) == len(raw_ids) else tk.decode(tok, q[1:])
+                 for t, q, raw_ids in zip(texts, seqs, raw.column("input_ids").to_pylist())]
+    else:
+        seqs, keys = [], []
+        for f in sentinel["files"]:
+            t = pq.read_table(packed / f["file"], columns=["pack_id", "input_ids"])
+            seqs += [np.asarray(x, dtype=np.uint32) for x in t.column("input_ids").to_pylist()]
+            keys += [f"row-{p}" for p in t.column("pack_id").to_pylist()]
+        texts = [tk.decode(tok, q[1:]) for q in seqs]
+    written = megatron.write_indexed_dataset(prefix, iter(seqs), info["vocab_size"])
+    doc_table = pa.table({"doc_key": keys, "text": pa.array(texts, pa.large_string())})
     write_parquet(doc_table, prefix.parent / f"{prefix.name}.documents.parquet")
     tok_dst = prefix.parent / "tokenizer.json"
     shutil.copyfile(layout.stage_dir("tokenizer") / "tokenizer.json", tok_dst)
     verify.write_sidecar(prefix, vocab_size=info["vocab_size"], tokenizer_path=tok_dst, tokenizer_sha256=info["sha256"],
-                         documents_path=prefix.parent / f"{prefix.name}.documents.parquet")
+                         documents_path=prefix.parent / f"{prefix.name}.documents.parquet",
+                         extra={"export_level": level, "row_length": manifest.settings.row_length})
     lines: list[str] = []
-    report = verify.verify_megatron(prefix, out=lines.append)
-    figures = {**{k: v for k, v in written.items()}, "prefix": str(prefix), "verify_ok": report.ok,
+    report = verify.verify_megatron(prefix, out=lines.append, tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"])
+    figures = {**{k: v for k, v in written.items()}, "prefix": str(prefix), "export_level": level, "verify_ok": report.ok,
                "verify_failures": report.failures, "first_tokens": lines[-2:] if lines else []}
     res = StageResult("format", {"prefix": str(prefix)}, figures)
     res.checks["verify_gate"] = (report.ok, "; ".join(report.failures) or "verify passed")

@@ -1,23 +1,36 @@
-"""Stage 1 — quality filter (SPEC §4 "Quality").
+r"""Stage 1 — quality filter (SPEC §4 "Quality").
 
 Each heuristic is a named filter with a threshold from :class:`~megacpp_core.manifest.Settings`;
 the first filter that fails rejects the file and the ``exclusions`` table records the
 filter name, the measured value and the threshold. Filters, in order:
 
-==================  =======================================================  =========
-filter              measure                                                  default
-==================  =======================================================  =========
-``extension``       lower-cased extension in the whitelist                   SPEC list
-``max_file_bytes``  size in bytes                                            ≤ 1 MB
-``min_file_bytes``  size in bytes                                            ≥ 100 B
-``nul_byte``        a NUL byte anywhere                                      none
-``invalid_utf8``    strict UTF-8 decode                                      decodes
-``max_line_length`` longest line, in characters                              ≤ 1000
-``unique_lines``    distinct / total non-blank stripped lines                > 0.30
-``comment_ratio``   comment characters / non-blank characters                < 0.80
-``generated``       an auto-generated marker in the first N lines            none
-``entropy``         share of non-blank bytes in high-entropy runs (below)     ≤ 0.5
-==================  =======================================================  =========
+====================  =======================================================  =========
+filter                measure                                                  default
+====================  =======================================================  =========
+``extension``         lower-cased extension in the whitelist                   SPEC list
+``max_file_bytes``    size in bytes                                            ≤ 1 MB
+``min_file_bytes``    size in bytes                                            ≥ 100 B
+``nul_byte``          a NUL byte anywhere                                      none
+``invalid_utf8``      strict UTF-8 decode                                      decodes
+``max_line_length``   longest line, in characters                              ≤ 1000
+``unique_lines``      distinct / total non-blank stripped lines                > 0.30
+``comment_ratio``     comment characters / non-blank characters                < 0.80
+``generated``         an auto-generated marker in the first N lines            none
+``entropy``           share of non-blank bytes in high-entropy runs (below)    ≤ 0.5
+``max_lines``         number of lines                                          ≤ 100,000
+``mean_line_length``  characters / lines                                       ≤ 100
+``alpha_fraction``    alphabetic characters / all characters                   ≥ 0.25
+``encoded_run``       longest encoded-data run (below), in characters          ≤ 1,024
+``encoded_share``     characters in encoded-data runs / all characters         ≤ 0.5
+====================  =======================================================  =========
+
+The last five are the StarCoder2 code filters (Lozhkov et al. 2024, "StarCoder 2 and The
+Stack v2", §3 "Preprocessing": 100k-line cap, mean line length 100, alphabetic fraction
+0.25 and encoded-data detection). Encoded data are matches of StarCoder2's three
+patterns: base64 runs ``[a-zA-Z0-9+/\n=]{64,}``, hex byte runs
+``(?:\b(?:0x|\\x)?[0-9a-fA-F]{2}(?:,|\b\s*)){8,}`` and ``\u`` escape runs
+``(?:\\u[0-9a-fA-F]{4}){8,}``; a file goes when one run is longer than 1,024 characters
+or all runs together cover more than half of it.
 
 ``entropy`` applies the SPEC's 4.5 bits/byte where that number comes from: the Shannon
 entropy of base64-alphabet runs (``[A-Za-z0-9+/=]{20,}``), the limit detect-secrets'
@@ -47,6 +60,14 @@ _LEXEMES = re.compile(
 FILTERS = (
     "extension", "max_file_bytes", "min_file_bytes", "nul_byte", "invalid_utf8",
     "max_line_length", "unique_lines", "comment_ratio", "generated", "entropy",
+    "max_lines", "mean_line_length", "alpha_fraction", "encoded_run", "encoded_share",
+)
+
+#: StarCoder2's encoded-data patterns (base64, hex bytes, ``\u`` escapes), verbatim.
+ENCODED_PATTERNS = (
+    re.compile(r"[a-zA-Z0-9+/\n=]{64,}"),
+    re.compile(r"(?:\b(?:0x|\\x)?[0-9a-fA-F]{2}(?:,|\b\s*)){8,}"),
+    re.compile(r"(?:\\u[0-9a-fA-F]{4}){8,}"),
 )
 
 
@@ -93,6 +114,21 @@ def high_entropy_coverage(data: bytes, max_entropy: float = 4.5) -> float:
     return hot / nonblank
 
 
+def alpha_fraction(text: str) -> float:
+    """Alphabetic characters (``str.isalpha``) / all characters; 0.0 for empty text."""
+    return sum(1 for ch in text if ch.isalpha()) / len(text) if text else 0.0
+
+
+def encoded_runs(text: str) -> tuple[int, float]:
+    """``(longest, share)``: the longest encoded-data run in characters and the share of
+    ``text``'s characters inside runs (runs of different patterns may overlap; each
+    pattern's runs are disjoint, so the share is capped at 1.0). ``(0, 0.0)`` for empty text."""
+    if not text:
+        return 0, 0.0
+    runs = [m.end() - m.start() for pat in ENCODED_PATTERNS for m in pat.finditer(text)]
+    return max(runs, default=0), min(1.0, sum(runs) / len(text))
+
+
 def check_file(path: str, data: bytes, s: Settings) -> tuple[str | None, Rejection | None]:
     """Run the filters in order on one file.
 
@@ -132,6 +168,19 @@ def check_file(path: str, data: bytes, s: Settings) -> tuple[str | None, Rejecti
     cov = high_entropy_coverage(data, s.max_entropy)
     if cov > s.max_entropy_coverage:
         return None, Rejection("entropy", round(cov, 4), f"{s.max_entropy} bits/byte over {s.max_entropy_coverage}")
+    if len(lines) > s.max_lines:
+        return None, Rejection("max_lines", len(lines), s.max_lines)
+    mean = len(text) / max(1, len(lines))
+    if mean > s.max_mean_line_length:
+        return None, Rejection("mean_line_length", round(mean, 2), s.max_mean_line_length)
+    alpha = alpha_fraction(text)
+    if alpha < s.min_alpha_fraction:
+        return None, Rejection("alpha_fraction", round(alpha, 4), s.min_alpha_fraction)
+    longest, share = encoded_runs(text)
+    if longest > s.max_encoded_run_chars:
+        return None, Rejection("encoded_run", longest, s.max_encoded_run_chars)
+    if share > s.max_encoded_share:
+        return None, Rejection("encoded_share", round(share, 4), s.max_encoded_share)
     return text, None
 
 

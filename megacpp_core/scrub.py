@@ -7,9 +7,12 @@ matches are dropped):
     PEM private-key blocks (``-----BEGIN ... PRIVATE KEY-----`` through the matching
     ``-----END ...-----``, the whole block, at most :data:`PEM_MAX_CHARS` characters;
     without an END line, the header and the base64 lines right after it);
-    known token formats (AWS access key ids, GitHub, Slack, Google API, Stripe live keys,
-    JWTs); and string literals assigned to a secret-like name (``api_key``, ``secret``,
-    ``token``, ``passwd``, ``password``, ``private_key``, ``access_key``) whose value is
+    known token formats (AWS access key ids, GitHub, GitLab, Slack tokens and webhooks,
+    Google API, Stripe live keys, npm, OpenAI, SendGrid, Azure storage account keys, JWTs:
+    the shapes of detect-secrets' detectors of the same names); URL passwords
+    (``scheme://user:PASSWORD@host``); and string literals assigned to a secret-like
+    name (``api_key``, ``secret``, ``token``, ``passwd``, ``password``, ``private_key``,
+    ``access_key``) whose value is
     key-like (only ``[A-Za-z0-9_+/=.~-]``, at least one letter and one digit, none of
     the secret words itself (``"setAttr-Token-B0Prime"`` is a name), >=
     :data:`SECRET_MIN_LEN` chars, Shannon entropy >= :data:`SECRET_MIN_ENTROPY`
@@ -38,7 +41,13 @@ matches are dropped):
     Addresses in :data:`KEEP_ADDRESSES` (unspecified, loopback ``127.0.0.1``/``::1``,
     broadcast and IPv4 netmasks) carry no identity and stay.
 
-Hex constants and hash test vectors (md5/sha hex strings) match no detector.
+Hex constants and hash test vectors (md5/sha hex strings) match no detector. The
+``detect-secrets`` package itself is not used: its ``HexHighEntropyString`` and
+``Base64HighEntropyString`` plugins flag any long hex/base64 literal (every hash test
+vector and many lookup tables of C/C++ code, which must come out byte-identical), and its
+plugins report lines, not the character spans a replacement needs; its format-specific
+detectors are reproduced above as span regexes, and its high-entropy check is applied only
+to values assigned to secret-like names.
 :func:`scrub_text` fails closed: its output is re-scanned with the same detectors and a
 :class:`LeakError` is raised if anything is left.
 """
@@ -89,7 +98,16 @@ _TOKEN = re.compile(
     r"|\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"  # Google API key
     r"|\b[rs]k_live_[0-9A-Za-z]{24,}"  # Stripe live secret / restricted key
     r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"  # JWT
+    r"|\bglpat-[0-9A-Za-z_-]{20,}"  # GitLab personal access token
+    r"|\bnpm_[A-Za-z0-9]{36}\b"  # npm access token
+    r"|\bsk-(?:proj-)?[A-Za-z0-9_-]{20,}T3BlbkFJ[A-Za-z0-9_-]{20,}"  # OpenAI API key
+    r"|\bSG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])"  # SendGrid API key
+    r"|https://hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/[A-Za-z0-9_]+"  # Slack webhook
+    r"|(?<=AccountKey=)[A-Za-z0-9+/]{86}=="  # Azure storage account key (connection string)
 )
+#: Password of a ``scheme://user:password@host`` URL (detect-secrets' BasicAuthDetector
+#: shape); printf/format placeholders (``%s``, ``{}``) and empty passwords are not secrets.
+_BASIC_AUTH = re.compile(r"(?<=://)[A-Za-z0-9._~+-]+:([^\s{}@/:%\"'<>\\]{3,})@(?=[A-Za-z0-9\[])")
 _ASSIGN = re.compile(
     r"(?i)\b\w*?(?:api[_-]?key|secret|token|passwd|password|private[_-]?key|access[_-]?key)\w*[\"']?"
     r"\s*(?:\[[^\]\n]{0,16}\]\s*)?(?:=>|:=|[:=,(])?\s*(?:u8|[uUL])?([\"'])([A-Za-z0-9_+/=.~-]+)\1"
@@ -212,6 +230,7 @@ def _spans(text: str) -> list[tuple[int, int, str, str]]:
     passes = [
         [(m.start(), m.end(), "secret", secret) for m in _PEM.finditer(text)],
         [(m.start(), m.end(), "secret", secret) for m in _TOKEN.finditer(text)],
+        [(m.start(1), m.end(1), "secret", secret) for m in _BASIC_AUTH.finditer(text)],
         [(m.start(2), m.end(2), "secret", secret) for m in _ASSIGN.finditer(text) if _key_like(m.group(2))],
         [(m.start(), m.end(), "email", REDACTION_MARKERS["email"]) for m in _EMAIL.finditer(text)],
         [

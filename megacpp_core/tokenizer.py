@@ -1,20 +1,34 @@
-"""Stage 5: train, save, load and apply the byte-level BPE tokenizer (SPEC §4).
+"""Stage 5: the hybrid C++ tokenizer: specials, fixed bands, seeded byte-level BPE (SPEC §4).
 
-The tokenizer is HuggingFace ``tokenizers`` byte-level BPE: no normalizer, GPT-2 regex
-pre-tokenization without a prefix space, the byte-level decoder and no post-processor
-(BOS is inserted by the caller as :data:`BOS_ID`, never by the tokenizer).
+Built with HuggingFace ``tokenizers``: a BPE model over the 256-symbol byte alphabet, no
+normalizer, a code-aware pre-tokenizer (:data:`CODE_PATTERN` split, then byte-level mapping
+without regex), the byte-level decoder and no post-processor (BOS is inserted by the caller
+as :data:`BOS_ID`, never by the tokenizer).
 
-ID layout (contiguous, ``0 <= id < vocab_size``):
+ID layout (contiguous, ``0 <= id < vocab_size``; see the background note seeds/004):
 
-* ``special``  ``[0, 64)``: :data:`SPECIAL_TOKENS`, in order.
-* ``bpe``      ``[64, 64 + learned)``: the 256-symbol byte alphabet, then the learned merges.
-* ``reserved`` ``[64 + learned, vocab_size)``: ``<RESERVED_BPE_i>`` special tokens that pad
-  the ID space when the corpus cannot supply enough merges, so the vocabulary size is exact.
+* ``special``  ``[0, 64)``: :data:`SPECIAL_TOKENS`, in order. Registered as special added
+  tokens and never matched inside document text (``encode_special_tokens = True``).
+* fixed bands, ``[64, 64 + F)``: hand-curated tokens from the versioned data files in
+  ``megacpp_core/data/tokenizer_bands/VERSION/NN_band.txt`` (keywords, preprocessor,
+  attributes, operators, numbers, indent, stl, gpu, testing), in file order. They are
+  non-special added tokens (``normalized=False``): matched in the raw text before
+  pre-tokenization, longest leftmost match first. Identifier-like bands use
+  ``single_word=True`` so a fixed token only matches when neither neighbour is a letter,
+  digit or ``_``: ``print``, ``integer``, ``do_something`` and ``end_point`` never contain
+  ``int``, ``do`` or ``end``. Those bands also carry a one-leading-space variant
+  (``" int"``) so a keyword costs one token, as in pure BPE. The pinned digest
+  :data:`BANDS_SHA256` makes a changed band file an error: IDs only move with a new version.
+* ``bpe``      ``[64 + F, 64 + F + learned)``: the byte alphabet, then the learned merges.
+  Training is seeded with morphemes measured on the training corpus (``morphemes.txt``:
+  ``std:: init read write buffer value index node ptr ...``): every seed found at least
+  :data:`SEED_MIN_HITS` times in the corpus identifiers is added to the training stream
+  as many times as it was found, so its merges come early.
+* ``reserved`` ``[.., vocab_size)``: ``<RESERVED_BPE_i>`` special tokens that pad the ID
+  space when the corpus cannot supply enough merges, so the vocabulary size is exact.
 
-Special tokens are never matched inside document text: ``encode_special_tokens`` is set
-to ``True`` so a file that literally contains ``<BOS>`` is encoded as ordinary bytes.
-``tokenizers`` does not persist that flag in ``tokenizer.json``; :func:`load_tokenizer`
-re-applies it and :func:`encode` refuses a tokenizer without it.
+``tokenizers`` does not persist ``encode_special_tokens`` in ``tokenizer.json``;
+:func:`load_tokenizer` re-applies it and :func:`encode` refuses a tokenizer without it.
 
 Determinism: ``tokenizers`` 0.23.3 BPE training breaks merge-count ties by pair order, so
 the trained JSON is byte-identical across processes and thread counts (checked with
@@ -23,17 +37,20 @@ the trained JSON is byte-identical across processes and thread counts (checked w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from importlib import resources
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 import tokenizers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from megacpp_core.tables import atomic_write_text, sha256_file
 
@@ -43,14 +60,40 @@ log = logging.getLogger("megacpp.tokenizer")
 NUM_SPECIAL = 64
 #: Default vocabulary size (SPEC §4).
 DEFAULT_VOCAB_SIZE = 131072
-#: Smallest accepted vocabulary: 64 specials + 256 byte symbols, rounded up to 512 (local guard).
-MIN_VOCAB_SIZE = 512
+#: Smallest accepted vocabulary: specials + fixed bands + 256 byte symbols fit with room for
+#: merges (local guard, a power of two above the ~1.3k fixed IDs of band version v1).
+MIN_VOCAB_SIZE = 4096
 #: One past the largest accepted vocabulary: IDs are stored as uint32 (SPEC §4).
 MAX_VOCAB_SIZE = 1 << 32
 #: Default minimum pair frequency for a merge (SPEC §4).
 DEFAULT_MIN_FREQUENCY = 2
+#: A seed morpheme must occur this often in the corpus identifiers to be seeded (local choice:
+#: ten sightings, so a seed is real corpus evidence and not a one-off).
+SEED_MIN_HITS = 10
 TOKENIZER_FILE = "tokenizer.json"
 MANIFEST_FILE = "tokenizer_manifest.json"
+#: Version of the fixed-band data files in use; the directory name under ``data/tokenizer_bands``.
+BANDS_VERSION = "v1"
+#: SHA-256 over the band files of :data:`BANDS_VERSION` (name, NUL, bytes, NUL, in name order).
+#: Fixed IDs are stable only while these bytes are: edit a copy under a new version instead.
+BANDS_SHA256 = "80ca8fbc78b1525bc5cfbaa19ef2acae847af3563316d623f1151bca5ccf9d15"
+
+#: Pre-tokenizer split for the hybrid tokenizer (after the fixed tokens are cut out). Like
+#: GPT-2's pattern, a word keeps one leading space, but tuned for C/C++: an identifier
+#: includes ``_`` and digits (``do_something`` is one pre-token), may end in ``::``
+#: (``std::`` is one pre-token, so BPE can merge it) and takes up to three following
+#: punctuation characters (``size();``, ``ptr->``); a number may carry a hex/binary prefix, a
+#: fraction and a suffix; a punctuation run takes the whitespace after it except the last
+#: space. Chosen by held-out bytes/token in ``bench/tokenizer.py`` (GPT-2 regex 3.40,
+#: identifiers only 3.72, this pattern 4.02 on the default corpus at vocab 131,072).
+CODE_PATTERN = (
+    r" ?[\p{L}_][\p{L}\p{N}_]*(?:::)?[^\s\p{L}\p{N}_:]{0,3}"
+    r"| ?\p{N}[\p{N}\p{L}_']*(?:\.[\p{N}\p{L}_']*)?"
+    r"| ?[^\s\p{L}\p{N}_]+(?:\s+(?!\S))?"
+    r"|\s+(?!\S)|\s+"
+)
+#: Identifiers (optionally ``::``-qualified prefix) counted when measuring seed morphemes.
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:::)?")
 
 _NAMED_SPECIALS = [
     "<PAD>", "<UNK>", "<BOS>", "<EOS>",
@@ -72,9 +115,121 @@ SPECIAL_TOKENS: list[str] = _NAMED_SPECIALS + [
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 assert len(SPECIAL_TOKENS) == NUM_SPECIAL and SPECIAL_TOKENS[BOS_ID] == "<BOS>"
 
+_ESCAPES = {"s": " ", "t": "\t", "n": "\n", "\\": "\\"}
+
+
+@dataclass(frozen=True)
+class Band:
+    """One fixed band from ``NN_name.txt``: its tokens in ID order and how they match.
+
+    ``tokens`` already includes the one-leading-space variants (``[t, " " + t, ...]``) when
+    the file says ``space_variant=1``; ``single_word`` is the ``AddedToken`` flag.
+    """
+
+    name: str
+    file: str
+    tokens: tuple[str, ...]
+    single_word: bool
+
+
+def _unescape(line: str, where: str) -> str:
+    out, i = [], 0
+    while i < len(line):
+        c = line[i]
+        if c == "\\":
+            if i + 1 >= len(line) or line[i + 1] not in _ESCAPES:
+                raise ValueError(f"{where}: bad escape in {line!r} (known: \\s \\t \\n \\\\)")
+            out.append(_ESCAPES[line[i + 1]])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _band_dir(version: str):
+    return resources.files("megacpp_core") / "data" / "tokenizer_bands" / version
+
+
+def bands_digest(version: str = BANDS_VERSION) -> str:
+    """Hex SHA-256 over the ``*.txt`` files of band ``version`` (see :data:`BANDS_SHA256`)."""
+    h = hashlib.sha256()
+    for f in sorted((p for p in _band_dir(version).iterdir() if p.name.endswith(".txt")), key=lambda p: p.name):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _parse_band(name: str, file: str, text: str) -> Band:
+    opts: dict[str, str] = {}
+    raw: list[str] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.startswith("#!"):
+            opts.update(kv.split("=", 1) for kv in line[2:].split())
+        elif line == "#" or line.startswith("# "):
+            continue
+        elif line:
+            raw.append(_unescape(line, f"{file}:{n}"))
+    if set(opts) != {"single_word", "space_variant"}:
+        raise ValueError(f"{file}: header '#! single_word=0|1 space_variant=0|1' missing or incomplete")
+    tokens: list[str] = []
+    for t in raw:
+        tokens.append(t)
+        if opts["space_variant"] == "1":
+            tokens.append(" " + t)
+    return Band(name, file, tuple(tokens), opts["single_word"] == "1")
+
+
+def load_bands(version: str = BANDS_VERSION, check_digest: bool = True) -> list[Band]:
+    """The fixed bands of ``version`` in ID order (file-name order ``01_...``, ``02_...``).
+
+    Raises ``RuntimeError`` when ``check_digest`` and the files differ from
+    :data:`BANDS_SHA256` (fixed IDs would silently move), ``ValueError`` for a malformed
+    file, an empty or duplicated token, or a token equal to a special token.
+    """
+    if check_digest and version == BANDS_VERSION and bands_digest(version) != BANDS_SHA256:
+        raise RuntimeError(f"tokenizer band files {version} changed (sha256 {bands_digest(version)} != pinned "
+                           f"{BANDS_SHA256}); fixed IDs must not move: add a new band version instead")
+    bands = []
+    seen = {t: "special" for t in SPECIAL_TOKENS}
+    files = sorted((p for p in _band_dir(version).iterdir() if re.match(r"^\d\d_\w+\.txt$", p.name)), key=lambda p: p.name)
+    if not files:
+        raise ValueError(f"no band files for tokenizer band version {version!r}")
+    for f in files:
+        band = _parse_band(f.name[3:-4], f.name, f.read_text(encoding="utf-8"))
+        for t in band.tokens:
+            if not t:
+                raise ValueError(f"{f.name}: empty token")
+            if t in seen:
+                raise ValueError(f"{f.name}: token {t!r} already in band {seen[t]}")
+            seen[t] = band.name
+        bands.append(band)
+    return bands
+
+
+def load_seed_morphemes(version: str = BANDS_VERSION) -> list[str]:
+    """The candidate seed morphemes of ``morphemes.txt`` (file order, comments dropped)."""
+    text = (_band_dir(version) / "morphemes.txt").read_text(encoding="utf-8")
+    return [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+
+
+def fixed_tokens(version: str = BANDS_VERSION) -> list[str]:
+    """Every fixed token in ID order; ``fixed_tokens()[i]`` has ID ``NUM_SPECIAL + i``."""
+    return [t for b in load_bands(version) for t in b.tokens]
+
+
+def measure_morphemes(texts: Iterable[str], morphemes: Iterable[str]) -> dict[str, int]:
+    """``{morpheme: hits}``: occurrences of each morpheme inside the identifiers of ``texts``.
+
+    Identifiers are ``[A-Za-z_][A-Za-z0-9_]*`` with an optional trailing ``::`` (so
+    ``std::`` is counted from qualified names); overlapping hits inside one identifier are
+    not double counted (``str.count`` semantics).
+    """
+    stream = "\n".join("\n".join(_IDENT.findall(t)) for t in texts)
+    return {m: stream.count(m) for m in morphemes}
+
 
 class TokenizerMismatchError(ValueError):
-    """A tokenizer file's SHA-256 differs from the hash recorded upstream."""
+    """A tokenizer's SHA-256 or vocabulary size differs from what a pin or upstream recorded."""
 
 
 @dataclass
@@ -82,11 +237,14 @@ class TokenizerBuild:
     """A trained tokenizer and its ID layout.
 
     ``vocab_size`` is exact (``tokenizer.get_vocab_size(with_added_tokens=True)``);
-    ``learned`` counts the BPE IDs ``[64, 64 + learned)`` (byte alphabet + merges);
+    ``fixed`` counts the fixed-band IDs ``[64, 64 + fixed)`` (0 for a pure byte-level
+    build); ``learned`` counts the BPE IDs after them (byte alphabet + merges);
     ``reserved`` counts the ``<RESERVED_BPE_i>`` filler IDs at the top. ``bands`` is a list
-    of ``{"name", "start", "end_exclusive", "count"}`` dicts for ``special``, ``bpe`` and
-    ``reserved``, contiguous over ``[0, vocab_size)``. ``documents`` / ``text_bytes`` count
-    the training texts and their UTF-8 bytes; ``merges`` is the number of learned merge rules.
+    of ``{"name", "start", "end_exclusive", "count"}`` dicts (``special``, each fixed band,
+    ``bpe``, ``reserved``) contiguous over ``[0, vocab_size)``. ``documents`` / ``text_bytes``
+    count the training texts and their UTF-8 bytes; ``merges`` is the number of merge rules;
+    ``seeds`` maps each seeded morpheme to its corpus hits; ``hybrid`` is False for the pure
+    byte-level baseline.
     """
 
     tokenizer: Tokenizer
@@ -98,6 +256,9 @@ class TokenizerBuild:
     documents: int = 0
     text_bytes: int = 0
     merges: int = 0
+    fixed: int = 0
+    seeds: dict[str, int] = field(default_factory=dict)
+    hybrid: bool = True
 
 
 def _check_vocab_size(vocab_size: int) -> None:
@@ -110,72 +271,111 @@ def _check_vocab_size(vocab_size: int) -> None:
         )
 
 
-def _bands(vocab_size: int, learned: int) -> list[dict]:
-    edges = [("special", 0, NUM_SPECIAL), ("bpe", NUM_SPECIAL, NUM_SPECIAL + learned),
-             ("reserved", NUM_SPECIAL + learned, vocab_size)]
+def band_layout(vocab_size: int, learned: int, bands: list[Band] | None = None) -> list[dict]:
+    """``[{"name", "start", "end_exclusive", "count"}]`` for special, each fixed band, bpe, reserved."""
+    edges = [("special", 0, NUM_SPECIAL)]
+    at = NUM_SPECIAL
+    for b in bands or []:
+        edges.append((b.name, at, at + len(b.tokens)))
+        at += len(b.tokens)
+    edges += [("bpe", at, at + learned), ("reserved", at + learned, vocab_size)]
     return [{"name": n, "start": s, "end_exclusive": e, "count": e - s} for n, s, e in edges]
 
 
-def new_tokenizer() -> Tokenizer:
-    """An untrained byte-level BPE tokenizer with the SPEC §4 pipeline (no normalizer/post-processor)."""
+def new_tokenizer(hybrid: bool = True) -> Tokenizer:
+    """An untrained byte-level BPE tokenizer (no normalizer/post-processor).
+
+    ``hybrid=True``: :data:`CODE_PATTERN` split then byte-level mapping; ``False``: the
+    plain GPT-2 byte-level pre-tokenizer (the baseline of ``bench/tokenizer.py``).
+    """
     tok = Tokenizer(models.BPE(unk_token="<UNK>", byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if hybrid:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(CODE_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     return tok
+
+
+def _mark_fixed(tok: Tokenizer, bands: list[Band]) -> Tokenizer:
+    """Turn the fixed tokens (trained as reserved vocab entries) into non-special added tokens."""
+    flags = {t: b.single_word for b in bands for t in b.tokens}
+    doc = json.loads(tok.to_str())
+    for entry in doc["added_tokens"]:
+        if entry["content"] in flags:
+            entry.update(special=False, single_word=flags[entry["content"]], lstrip=False, rstrip=False,
+                         normalized=False)
+    return Tokenizer.from_str(json.dumps(doc, ensure_ascii=False))
 
 
 def train_tokenizer(
     texts: Iterable[str],
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     min_frequency: int = DEFAULT_MIN_FREQUENCY,
+    hybrid: bool = True,
+    seed: bool = True,
 ) -> TokenizerBuild:
-    """Train byte-level BPE on ``texts`` and pad the ID space to exactly ``vocab_size``.
+    """Train the tokenizer on ``texts`` and pad the ID space to exactly ``vocab_size``.
 
-    ``texts`` is consumed once (any iterable of ``str``). When the corpus yields fewer
+    ``hybrid=True`` (default) builds the SPEC §4 layout: specials, the fixed bands of
+    :data:`BANDS_VERSION`, then BPE seeded (``seed=True``) with the morphemes measured on
+    ``texts``. ``hybrid=False`` is a pure byte-level BPE with only the specials (baseline).
+    ``texts`` is read into a list (it is scanned twice). When the corpus yields fewer
     merges than needed, the remaining IDs become ``<RESERVED_BPE_i>`` special tokens and a
     warning is logged on ``megacpp.tokenizer``. Deterministic: same texts, same JSON bytes.
 
-    Raises ``ValueError`` for a vocab size outside ``[512, 2**32)`` or ``min_frequency < 1``;
-    ``RuntimeError`` if the trained layout does not match SPEC §4 (specials at 0-63).
+    Raises ``ValueError`` for a vocab size outside ``[4096, 2**32)`` or ``min_frequency < 1``;
+    ``RuntimeError`` if the trained layout does not put every special and fixed token at its ID.
     """
     _check_vocab_size(vocab_size)
     if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
         raise ValueError(f"min_frequency must be an int >= 1, got {min_frequency!r}")
-    counts = [0, 0]
+    texts = list(texts)
+    bands = load_bands() if hybrid else []
+    fixed = [t for b in bands for t in b.tokens]
+    seeds: dict[str, int] = {}
+    if hybrid and seed:
+        hits = measure_morphemes(texts, load_seed_morphemes())
+        seeds = {m: n for m, n in hits.items() if n >= SEED_MIN_HITS}
 
-    def counted() -> Iterator[str]:
-        for text in texts:
-            counts[0] += 1
-            counts[1] += len(text.encode("utf-8"))
-            yield text
+    def stream() -> Iterable[str]:
+        yield from texts
+        for m, n in seeds.items():  # whole-word occurrences, one per line: merges inside m come early
+            yield "\n".join([m] * n)
 
-    tok = new_tokenizer()
+    tok = new_tokenizer(hybrid)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + fixed,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(counted(), trainer=trainer)
-    for i, token in enumerate(SPECIAL_TOKENS):
+    tok.train_from_iterator(stream(), trainer=trainer)
+    if fixed:
+        tok = _mark_fixed(tok, bands)
+    for i, token in enumerate(SPECIAL_TOKENS + fixed):
         if tok.token_to_id(token) != i:
-            raise RuntimeError(f"special token {token} trained at id {tok.token_to_id(token)}, expected {i}")
+            raise RuntimeError(f"token {token!r} trained at id {tok.token_to_id(token)}, expected {i}")
     trained = tok.get_vocab_size(with_added_tokens=True)
     merges = len(json.loads(tok.to_str())["model"]["merges"])
     reserved = vocab_size - trained
+    learned = trained - NUM_SPECIAL - len(fixed)
     if reserved:
         tok.add_special_tokens([f"<RESERVED_BPE_{i}>" for i in range(reserved)])
         log.warning(
             "corpus supplied %d BPE ids (%d merges) for vocab_size %d; reserved %d ids as <RESERVED_BPE_i>",
-            trained - NUM_SPECIAL, merges, vocab_size, reserved,
+            learned, merges, vocab_size, reserved,
         )
     if tok.get_vocab_size(with_added_tokens=True) != vocab_size:
         raise RuntimeError(f"vocab size {tok.get_vocab_size(with_added_tokens=True)} != {vocab_size}")
     tok.encode_special_tokens = True
-    learned = trained - NUM_SPECIAL
-    return TokenizerBuild(tok, vocab_size, learned, reserved, _bands(vocab_size, learned),
-                          min_frequency, counts[0], counts[1], merges)
+    return TokenizerBuild(tok, vocab_size, learned, reserved, band_layout(vocab_size, learned, bands),
+                          min_frequency, len(texts), sum(len(t.encode("utf-8")) for t in texts), merges,
+                          len(fixed), seeds, hybrid)
 
 
 def tokenizer_sha256(path: str | os.PathLike) -> str:
@@ -185,6 +385,10 @@ def tokenizer_sha256(path: str | os.PathLike) -> str:
 
 def save_tokenizer(build: TokenizerBuild, directory: str | os.PathLike, extra: dict | None = None) -> dict:
     """Write ``tokenizer.json`` and ``tokenizer_manifest.json`` into ``directory``; return the manifest.
+
+    The manifest lists every band's ID range and count, the ``tokenizers`` version, the
+    tokenizer file's sha256 (``tokenizer_sha256``) and ``vocab_size`` — the two keys every
+    downstream stage compares against — plus the band-file version/digest and seed hits.
 
     Both files are written atomically (tmp + rename); the tokenizer JSON is compact and
     byte-deterministic, the manifest has sorted keys and indent 2. ``extra`` (e.g. snapshot
@@ -196,17 +400,23 @@ def save_tokenizer(build: TokenizerBuild, directory: str | os.PathLike, extra: d
         "tokenizer_file": TOKENIZER_FILE,
         "tokenizer_sha256": tokenizer_sha256(tok_path),
         "tokenizers_version": tokenizers.__version__,
-        "model": "bpe-byte-level",
+        "model": "bpe-byte-level-hybrid" if build.hybrid else "bpe-byte-level",
+        "pre_tokenizer_pattern": CODE_PATTERN if build.hybrid else "gpt2-byte-level",
         "vocab_size": build.vocab_size,
+        "fixed": build.fixed,
         "learned": build.learned,
         "merges": build.merges,
         "reserved": build.reserved,
         "bands": build.bands,
+        "bands_version": BANDS_VERSION if build.hybrid else None,
+        "bands_sha256": BANDS_SHA256 if build.hybrid else None,
+        "seed_morphemes": dict(sorted(build.seeds.items())),
         "min_frequency": build.min_frequency,
         "training_documents": build.documents,
         "training_bytes": build.text_bytes,
         "special_tokens": SPECIAL_TOKENS,
         "encode_special_tokens": True,
+        "pinned": None,
     }
     clash = sorted(set(extra or {}) & set(manifest))
     if clash:
@@ -236,6 +446,52 @@ def load_tokenizer(path: str | os.PathLike, expected_sha256: str | None = None) 
     tok = Tokenizer.from_file(str(path))
     tok.encode_special_tokens = True
     return tok
+
+
+def pin_tokenizer(path: str | os.PathLike, sha256: str, vocab_size: int) -> tuple[Tokenizer, dict]:
+    """Load a pinned ``tokenizer.json`` instead of training; return ``(tokenizer, layout)``.
+
+    ``layout`` has ``vocab_size``, ``fixed``, ``learned``, ``reserved`` and ``bands``: the full
+    hybrid band layout when every special and fixed token of :data:`BANDS_VERSION` sits at
+    its ID, else ``special`` plus one ``pinned`` band for the rest. Raises
+    :class:`TokenizerMismatchError` when the file's sha256 differs from ``sha256`` or its
+    vocabulary size differs from ``vocab_size``, ``ValueError`` when a special token is not
+    at its SPEC §4 ID, ``FileNotFoundError`` when missing.
+    """
+    tok = load_tokenizer(path, expected_sha256=sha256)
+    n = tok.get_vocab_size(with_added_tokens=True)
+    if n != vocab_size:
+        raise TokenizerMismatchError(f"{path}: pinned tokenizer has vocab size {n}, manifest asks for {vocab_size}")
+    for i, t in enumerate(SPECIAL_TOKENS):
+        if tok.token_to_id(t) != i:
+            raise ValueError(f"{path}: pinned tokenizer has {t} at id {tok.token_to_id(t)}, SPEC §4 needs {i}")
+    bands = load_bands()
+    fixed = [t for b in bands for t in b.tokens]
+    if all(tok.token_to_id(t) == NUM_SPECIAL + i for i, t in enumerate(fixed)):
+        reserved = sum(1 for t in tok.get_added_tokens_decoder().values() if t.content.startswith("<RESERVED_BPE_"))
+        learned = n - NUM_SPECIAL - len(fixed) - reserved
+        layout = band_layout(n, learned, bands)
+    else:
+        fixed, reserved, learned = [], 0, n - NUM_SPECIAL
+        layout = [{"name": "special", "start": 0, "end_exclusive": NUM_SPECIAL, "count": NUM_SPECIAL},
+                  {"name": "pinned", "start": NUM_SPECIAL, "end_exclusive": n, "count": n - NUM_SPECIAL}]
+    return tok, {"vocab_size": n, "fixed": len(fixed), "learned": learned, "reserved": reserved, "bands": layout}
+
+
+def check_tokenizer_identity(info: dict, *, sha256: str | None = None, vocab_size: int | None = None,
+                             where: str = "input") -> None:
+    """Refuse a tokenizer that is not the one an artifact was made with.
+
+    ``info`` is a tokenizer manifest (``tokenizer_sha256``, ``vocab_size``); ``sha256`` /
+    ``vocab_size`` are what ``where`` recorded or requires (``None`` skips that comparison).
+    Raises :class:`TokenizerMismatchError` naming ``where`` and both values.
+    """
+    if sha256 is not None and sha256.lower() != str(info.get("tokenizer_sha256", "")).lower():
+        raise TokenizerMismatchError(f"{where}: made with tokenizer sha256 {sha256}, but the snapshot tokenizer is "
+                                     f"{info.get('tokenizer_sha256')}; re-run the stages after the tokenizer")
+    if vocab_size is not None and int(vocab_size) != int(info.get("vocab_size", -1)):
+        raise TokenizerMismatchError(f"{where}: expects vocab size {vocab_size}, but the snapshot tokenizer has "
+                                     f"{info.get('vocab_size')}; re-run the stages after the tokenizer")
 
 
 def _require_literal_specials(tok: Tokenizer) -> None:

@@ -35,7 +35,7 @@ def by_key(result):
 
 def check_figures(result):
     f = result.figures
-    assert f["files_in"] == f["files_out"] + f["exact_removed"] + f["near_removed"]
+    assert f["files_in"] == f["files_out"] + f["exact_removed"] + f["near_removed"] + f["cross_source_removed"]
     assert f["files_in"] == len(result.decisions)
     assert f["files_out"] == sum(d["keep"] for d in result.decisions)
     assert f["lsh_bands"] * f["lsh_rows"] <= f["num_perm"]
@@ -92,9 +92,17 @@ def test_near_duplicate_found_and_unrelated_not_merged():
     d = by_key(res)
     assert d["a/lib.c"]["keep"] and d["c/other.c"]["keep"]
     near = d["b/lib.c"]
-    assert near["dup_kind"] == "near" and near["kept_twin"] == "a/lib.c" and near["jaccard"] >= 0.7
+    # Different sources: the cross-source pass (14 x 8 bands, union-find) removes it.
+    assert near["dup_kind"] == "cross_source" and near["kept_twin"] == "a/lib.c" and near["jaccard"] >= 0.7
     assert near["cluster_id"] == d["a/lib.c"]["cluster_id"] >= 0 and d["c/other.c"]["cluster_id"] == -1
-    assert res.figures["near_removed"] == 1 and res.figures["clusters"] == 1
+    assert res.figures["cross_source_removed"] == 1 and res.figures["clusters"] == 1
+    rows = [c for c in res.clusters if c["cluster_id"] == near["cluster_id"]]
+    assert [(c["doc_key"], c["is_kept"], c["kept_doc_key"]) for c in rows] == [
+        ("a/lib.c", True, "a/lib.c"), ("b/lib.c", False, "a/lib.c")]
+    assert rows[1]["jaccard_to_kept"] == near["jaccard"]
+    # The same pair within one source is a near (within-corpus) drop.
+    same = by_key(deduplicate([rec("a/lib.c", base, "a", 0), rec("a/lib2.c", edited, "a", 0, "lib2.c")]))
+    assert same["a/lib2.c"]["dup_kind"] == "near" and same["a/lib2.c"]["kept_twin"] == "a/lib.c"
     assert res.figures["lsh_bands"] > 0 and 0 < res.figures["effective_threshold"] < 1
     check_figures(res)
 

@@ -52,3 +52,14 @@ def test_step_pod_spec_from_our_tags(step):
     assert container.image.endswith("code-location:0.1.0")
     assert pod.metadata.labels["dagster/run-id"] == "r1" and pod.metadata.labels["app.kubernetes.io/component"] == "step_worker"
     assert POOLS[step].startswith("megacpp-")
+
+
+def test_minhash_steps_carry_tags_and_pool():
+    from dagster import AssetKey
+
+    from megacpp_assets.definitions import defs
+
+    for key in ("minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14"):
+        node = defs.resolve_assets_def(AssetKey(key)).node_def
+        assert json.loads(node.tags["dagster-k8s/config"]) == HEAVY_STEP_TAGS["minhash"]["dagster-k8s/config"], key
+        assert node.pool == POOLS["minhash"], key

@@ -97,6 +97,27 @@ def test_policy_overrides_and_decisions():
         LicensePolicy(unknown_decision="maybe")
     with pytest.raises(ValueError):
         decide("copyleft", LicensePolicy())
+    opt_out = LicensePolicy(gpl2_decision="refuse", weak_copyleft_decision="accept_tagged")
+    assert decide("gpl2", opt_out)[0] == "refuse" and decide("weak_copyleft", opt_out)[0] == "accept_tagged"
+    assert decide("permissive", opt_out)[0] == "accept"
+    with pytest.raises(ValueError):
+        LicensePolicy(gpl2_decision="tag")
+
+
+def test_policy_from_snapshot_settings(tmp_path):
+    from megacpp_core.manifest import ManifestError, load_manifest
+    from megacpp_core.pipeline import license_policy
+
+    base = (tmp_path / "m.yaml")
+    src = ("sources:\n  - {name: a-1, kind: pypi, package: a, version: '1', sha256: '" + "0" * 64 + "'}\n")
+    base.write_text("name: s\nsettings: {license_gpl2_decision: refuse, refused_sources: [b-2], "
+                    "license_refused_ids: [Zlib]}\n" + src)
+    policy = license_policy(load_manifest(base))
+    assert policy.gpl2_decision == "refuse" and policy.refused_sources == frozenset({"b-2"})
+    assert classify_expression("Zlib", policy) == "refused" and classify_expression("Zlib OR MIT", policy) == "permissive"
+    base.write_text("name: s\nsettings: {license_gpl2_decision: sometimes}\n" + src)
+    with pytest.raises(ManifestError, match="license_gpl2_decision"):
+        load_manifest(base)
 
 
 def test_is_license_file():

@@ -28,3 +28,80 @@ def test_bad_manifest_names_manifest_source_field(tmp_path, body, needle):
     with pytest.raises(ManifestError) as e:
         load_manifest(p)
     assert "bad.yaml" in str(e.value) and needle in str(e.value)
+
+
+Z = "0" * 64
+
+
+@pytest.mark.parametrize("src,field", [
+    ("{name: a, kind: svn, url: x}", "kind"),
+    ("{name: a, kind: archive, path: a.tar.gz}", "sha256"),
+    ("{name: a, kind: archive, path: a.tar.gz, url: 'file:///a.tar.gz', sha256: '%s'}" % Z, "url' or 'path"),
+    ("{name: a, kind: archive, path: a.rar, sha256: '%s'}" % Z, "path"),
+    ("{name: a, kind: archive, path: a.tar.gz, sha256: 'abc'}", "sha256"),
+    ("{name: a, kind: git, url: 'file:///r'}", "tag"),
+    ("{name: a, kind: git, url: 'file:///r', tag: v1, branch: main}", "branch"),
+    ("{name: a, kind: git, url: 'file:///r', tag: v1, commit: deadbeef}", "commit"),
+    ("{name: a, kind: git, url: 'file:///r', tag: 1.0}", "tag"),
+    ("{name: a, kind: local, path: /srv/x}", "label"),
+    ("{name: a, kind: local, path: /srv/x, label: l, python_package: torch}", "path' or 'python_package"),
+    ("{name: a, kind: local, python_package: no-such-package-here}", "python_package"),
+    ("{name: a, kind: local, python_package: torch, subdir: ../../etc}", "subdir"),
+    ("{name: a, kind: pypi, package: a, version: '1', sha256: '%s', url: x}" % Z, "url"),
+    ("{name: a, kind: pypi, package: a, sha256: '%s'}" % Z, "version"),
+])
+def test_bad_source_fields_name_manifest_source_field(tmp_path, src, field):
+    p = tmp_path / "bad.yaml"
+    p.write_text(f"name: x\nsources:\n  - {src}\n")
+    with pytest.raises(ManifestError) as e:
+        load_manifest(p)
+    msg = str(e.value)
+    assert str(p) in msg and "source 'a'" in msg and f"field '{field}" in msg, msg
+
+
+def test_every_kind_loads(tmp_path):
+    p = tmp_path / "ok.yaml"
+    p.write_text("name: k\nschedule: '0 5 * * *'\ntokenizer: {path: t.json, sha256: '%s'}\nsources:\n"
+                 "  - {name: p, kind: pypi, package: lz4, version: '4.4.5', sha256: '%s'}\n"
+                 "  - {name: g, kind: git, url: 'file:///r.git', tag: v1.0}\n"
+                 "  - {name: a, kind: archive, path: sub/a-1.tar.xz, sha256: '%s'}\n"
+                 "  - {name: l, kind: local, path: src, label: snap-1}\n" % (Z, Z, Z))
+    m = load_manifest(p)
+    assert [s.kind for s in m.sources] == ["pypi", "git", "archive", "local"] and m.schedule == "0 5 * * *"
+    assert m.source("g").version == "v1.0" and m.source("a").path == str(tmp_path / "sub" / "a-1.tar.xz")
+    assert m.source("a").version == "a-1.tar.xz" and m.source("l").version == "snap-1"
+    assert m.revision_pin(m.source("g")) != m.revision_pin(m.source("a"))
+
+
+def test_version_missing_on_index_fails_before_the_run(tmp_path, monkeypatch):
+    """A pinned version the index does not have fails when the run starts, naming the manifest,
+    the source and the field; an already cached pin is not looked up."""
+    from megacpp_core import acquire
+
+    page = tmp_path / "simple" / "lz4"
+    page.mkdir(parents=True)
+    page.joinpath("index.html").write_text('<a href="../../f/lz4-4.4.5.tar.gz#sha256=%s">lz4-4.4.5.tar.gz</a>' % Z)
+    monkeypatch.setenv("MEGACPP_INDEX_URL", (tmp_path / "simple").as_uri())
+    p = tmp_path / "v.yaml"
+    p.write_text("name: v\nsources:\n  - {name: lz4-9, kind: pypi, package: lz4, version: '9.9.9', sha256: '%s'}\n" % ("1" * 64))
+    m = load_manifest(p)
+    with pytest.raises(ManifestError) as e:
+        acquire.check_pins(m, tmp_path / "cache")
+    assert "v.yaml" in str(e.value) and "'lz4-9'" in str(e.value) and "field 'version'" in str(e.value) and "9.9.9" in str(e.value)
+    cached = acquire.cache_path(tmp_path / "cache", "1" * 64, "lz4-9.9.9.tar.gz")
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"x")
+    acquire.check_pins(m, tmp_path / "cache")
+
+
+def test_megacpp_run_refuses_bad_manifest_with_exit_2(tmp_path, capsys, monkeypatch):
+    from megacpp_assets.cli import run_snapshot
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))  # restored after the test
+    monkeypatch.setenv("MEGACPP_DATA_ROOT", str(tmp_path / "root"))
+
+    p = tmp_path / "dup.yaml"
+    p.write_text("name: d\nsources:\n  - {name: a, kind: local, path: ., label: x}\n  - {name: a, kind: local, path: ., label: y}\n")
+    assert run_snapshot(str(p), str(tmp_path / "root")) == 2
+    err = capsys.readouterr().err
+    assert "dup.yaml" in err and "'a'" in err and "field 'name'" in err

@@ -73,26 +73,37 @@ def test_exact_vocab_size_with_reserved_fill(caplog):
     tok = b.tokenizer
     assert tok.get_vocab_size(with_added_tokens=True) == VOCAB == b.vocab_size
     assert b.reserved > 0 and b.learned >= 256
-    assert T.NUM_SPECIAL + b.learned + b.reserved == VOCAB
-    assert b.merges == b.learned - 256
+    assert T.NUM_SPECIAL + b.fixed + b.learned + b.reserved == VOCAB
+    assert b.merges >= b.learned - 256  # merges may also rebuild fixed tokens, reusing their ids
     bands = {d["name"]: d for d in b.bands}
     assert bands["special"] == {"name": "special", "start": 0, "end_exclusive": 64, "count": 64}
-    assert bands["bpe"]["start"] == 64 and bands["bpe"]["count"] == b.learned
+    assert bands["bpe"]["start"] == 64 + b.fixed and bands["bpe"]["count"] == b.learned
     assert bands["reserved"] == {
-        "name": "reserved", "start": 64 + b.learned, "end_exclusive": VOCAB, "count": b.reserved,
+        "name": "reserved", "start": 64 + b.fixed + b.learned, "end_exclusive": VOCAB, "count": b.reserved,
     }
-    assert tok.id_to_token(64 + b.learned) == "<RESERVED_BPE_0>"
+    assert tok.id_to_token(64 + b.fixed + b.learned) == "<RESERVED_BPE_0>"
     assert tok.id_to_token(VOCAB - 1) == f"<RESERVED_BPE_{b.reserved - 1}>"
     assert any("reserved" in r.getMessage() and str(b.reserved) in r.getMessage() for r in caplog.records)
 
 
-def test_small_vocab_is_filled_by_merges_without_reserve():
-    b = T.train_tokenizer(c_corpus(), vocab_size=512)
-    assert b.reserved == 0 and b.learned == 512 - 64
-    assert b.tokenizer.get_vocab_size(with_added_tokens=True) == 512
+def _random_words(n: int = 20000) -> str:
+    import random
+    import string
+
+    rng = random.Random(0)
+    return " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(8)) for _ in range(n))
 
 
-@pytest.mark.parametrize("bad", [0, 511, -1, 1 << 32, True, 65536.0, "65536"])
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_small_vocab_is_filled_by_merges_without_reserve(hybrid):
+    words = _random_words()
+    b = T.train_tokenizer(c_corpus() + [words, words], vocab_size=T.MIN_VOCAB_SIZE, hybrid=hybrid)
+    assert b.reserved == 0 and b.fixed + b.learned == T.MIN_VOCAB_SIZE - 64
+    assert (b.fixed > 1000) == hybrid
+    assert b.tokenizer.get_vocab_size(with_added_tokens=True) == T.MIN_VOCAB_SIZE
+
+
+@pytest.mark.parametrize("bad", [0, 511, 4095, -1, 1 << 32, True, 65536.0, "65536"])
 def test_invalid_vocab_size(bad):
     with pytest.raises(ValueError):
         T.train_tokenizer(["int x;"], vocab_size=bad)
@@ -100,7 +111,7 @@ def test_invalid_vocab_size(bad):
 
 def test_invalid_min_frequency():
     with pytest.raises(ValueError):
-        T.train_tokenizer(["int x;"], vocab_size=512, min_frequency=0)
+        T.train_tokenizer(["int x;"], vocab_size=T.MIN_VOCAB_SIZE, min_frequency=0)
 
 
 @pytest.mark.parametrize("key", sorted(HOSTILE))
@@ -111,7 +122,7 @@ def test_round_trip_hostile(build, key):
     assert T.decode(tok, ids) == text
     assert T.count_tokens(tok, text) == len(ids)
     if text:
-        bpe_end = T.NUM_SPECIAL + build.learned
+        bpe_end = T.NUM_SPECIAL + build.fixed + build.learned
         assert ids.min() >= T.NUM_SPECIAL and ids.max() < bpe_end
 
 

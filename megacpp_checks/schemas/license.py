@@ -1,0 +1,56 @@
+"""Pandera schema of the stage-2 ``license`` table (SPEC §4 row 2).
+
+One row per file kept by stage 1: SPDX expression (null when nothing was found), license
+class (:data:`megacpp_core.license.CLASS_ORDER`), decision
+(:data:`megacpp_core.license.DECISIONS`), reason, origin
+(:data:`megacpp_core.license.ORIGINS`) and the directory license file used (set exactly
+when the origin is ``directory_license``). :func:`validate_license` backs the blocking
+``license_schema`` asset check.
+"""
+
+from __future__ import annotations
+
+import pandera.pandas as pa
+import pyarrow as pa_arrow
+
+from megacpp_core.license import CLASS_ORDER, DECISIONS, ORIGINS
+
+LICENSE = pa.DataFrameSchema(
+    {
+        "doc_key": pa.Column(str, unique=True),
+        "source": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "path": pa.Column(str, pa.Check.str_length(min_value=1), unique=True),
+        "spdx_expression": pa.Column(str, nullable=True),
+        "license_class": pa.Column(str, pa.Check.isin(list(CLASS_ORDER))),
+        "decision": pa.Column(str, pa.Check.isin(list(DECISIONS))),
+        "reason": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "origin": pa.Column(str, pa.Check.isin(list(ORIGINS))),
+        "license_file": pa.Column(str, nullable=True),
+    },
+    checks=[
+        pa.Check(lambda df: df["doc_key"] == df["source"] + "/" + df["path"], error="doc_key is SOURCE/PATH"),
+        pa.Check(lambda df: (df["origin"] == "directory_license") == df["license_file"].notna(),
+                 error="license_file is set exactly for directory licenses"),
+        pa.Check(lambda df: (df["license_class"] != "refused") | (df["decision"] == "refuse"),
+                 error="class 'refused' is always refused"),
+        pa.Check(lambda df: (df["license_class"] != "permissive") | (df["decision"] == "accept")
+                 | (df["origin"] == "refusal_list"), error="class 'permissive' is accepted"),
+        pa.Check(lambda df: (df["origin"] != "refusal_list") | (df["decision"] == "refuse"),
+                 error="sources on the refusal list are refused"),
+        pa.Check(lambda df: df["spdx_expression"].notna() | df["license_class"].eq("unknown"),
+                 error="a file without an expression is of class 'unknown'"),
+    ],
+    strict=True,
+    coerce=False,
+)
+
+
+def validate_license(table: pa_arrow.Table) -> tuple[bool, str]:
+    """Validate a ``license`` table; ``(passed, detail)``, never raises on bad rows."""
+    df = table.to_pandas()
+    try:
+        LICENSE.validate(df, lazy=True)
+    except pa.errors.SchemaErrors as e:
+        cases = e.failure_cases.head(5).to_dict("records")
+        return False, f"license: {len(e.failure_cases)} schema failures, first: {cases}"
+    return True, f"license: {len(df)} rows valid"

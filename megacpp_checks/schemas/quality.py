@@ -1,0 +1,70 @@
+"""Pandera schemas of the stage-1 tables (SPEC §4 row 1): ``quality_kept`` and ``exclusions``.
+
+``quality_kept``: one row per kept file with its decoded text. ``exclusions``: one row per
+rejected file with the filter that rejected it (one of
+:data:`megacpp_core.quality.FILTERS`), the measured value and the threshold.
+:func:`validate_kept` and :func:`validate_exclusions` back the blocking
+``quality_schema`` asset check.
+"""
+
+from __future__ import annotations
+
+import pandera.pandas as pa
+import pyarrow as pa_arrow
+
+from megacpp_core.quality import FILTERS
+
+_HEX64 = r"^[0-9a-f]{64}$"
+
+KEPT = pa.DataFrameSchema(
+    {
+        "doc_key": pa.Column(str, unique=True),
+        "source": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "path": pa.Column(str, pa.Check.str_length(min_value=1), unique=True),
+        "language": pa.Column(str, nullable=True),
+        "size": pa.Column("int64", pa.Check.ge(0)),
+        "content_sha256": pa.Column(str, pa.Check.str_matches(_HEX64)),
+        "text": pa.Column(str),
+    },
+    checks=[
+        pa.Check(lambda df: df["doc_key"] == df["source"] + "/" + df["path"], error="doc_key is SOURCE/PATH"),
+        pa.Check(lambda df: df["text"].str.len() <= df["size"], error="text has at most size characters"),
+    ],
+    strict=True,
+    coerce=False,
+)
+
+EXCLUSIONS = pa.DataFrameSchema(
+    {
+        "doc_key": pa.Column(str, unique=True),
+        "source": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "path": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "size": pa.Column("int64", pa.Check.ge(0)),
+        "stage": pa.Column(str, pa.Check.eq("quality")),
+        "filter": pa.Column(str, pa.Check.isin(list(FILTERS))),
+        "value": pa.Column(float),
+        "threshold": pa.Column(str, pa.Check.str_length(min_value=1)),
+    },
+    strict=True,
+    coerce=False,
+)
+
+
+def _validate(schema: pa.DataFrameSchema, table: pa_arrow.Table, what: str) -> tuple[bool, str]:
+    df = table.to_pandas()
+    try:
+        schema.validate(df, lazy=True)
+    except pa.errors.SchemaErrors as e:
+        cases = e.failure_cases.head(5).to_dict("records")
+        return False, f"{what}: {len(e.failure_cases)} schema failures, first: {cases}"
+    return True, f"{what}: {len(df)} rows valid"
+
+
+def validate_kept(table: pa_arrow.Table) -> tuple[bool, str]:
+    """Validate a ``quality_kept`` table; ``(passed, detail)``, never raises on bad rows."""
+    return _validate(KEPT, table, "quality_kept")
+
+
+def validate_exclusions(table: pa_arrow.Table) -> tuple[bool, str]:
+    """Validate an ``exclusions`` table; ``(passed, detail)``, never raises on bad rows."""
+    return _validate(EXCLUSIONS, table, "exclusions")

@@ -1,0 +1,50 @@
+"""Pandera schema of the stage-3 ``scrubbed`` table (SPEC §4 row 3).
+
+One row per license-accepted file with its scrubbed text and its license provenance.
+No row may carry a ``refuse`` decision. :func:`validate_scrubbed` backs the blocking
+``scrub_schema`` asset check; the leak re-scan itself is the separate
+``rescan_finds_nothing`` check.
+"""
+
+from __future__ import annotations
+
+import pandera.pandas as pa
+import pyarrow as pa_arrow
+
+from megacpp_core.license import CLASS_ORDER
+
+#: The source revision: archive sha256, git commit sha (40 hex) or local content hash.
+_REVISION = r"^([0-9a-f]{40}|[0-9a-f]{64})$"
+
+SCRUBBED = pa.DataFrameSchema(
+    {
+        "doc_key": pa.Column(str, unique=True),
+        "source": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "source_order": pa.Column("int32", pa.Check.ge(0)),
+        "path": pa.Column(str, pa.Check.str_length(min_value=1), unique=True),
+        "language": pa.Column(str, nullable=True),
+        "archive_sha256": pa.Column(str, pa.Check.str_matches(_REVISION), nullable=True),
+        "license_class": pa.Column(str, pa.Check.isin([c for c in CLASS_ORDER if c != "refused"])),
+        "license_decision": pa.Column(str, pa.Check.isin(["accept", "accept_tagged"])),
+        "spdx_expression": pa.Column(str, nullable=True),
+        "text": pa.Column(str),
+    },
+    checks=[
+        pa.Check(lambda df: df["doc_key"] == df["source"] + "/" + df["path"], error="doc_key is SOURCE/PATH"),
+    ],
+    strict=False,
+    coerce=False,
+)
+
+
+def validate_scrubbed(table: pa_arrow.Table) -> tuple[bool, str]:
+    """Validate a ``scrubbed`` table; ``(passed, detail)``, never raises on bad rows.
+
+    Extra columns are allowed (later issues may add provenance columns)."""
+    df = table.to_pandas()
+    try:
+        SCRUBBED.validate(df, lazy=True)
+    except pa.errors.SchemaErrors as e:
+        cases = e.failure_cases.head(5).to_dict("records")
+        return False, f"scrubbed: {len(e.failure_cases)} schema failures, first: {cases}"
+    return True, f"scrubbed: {len(df)} rows valid"

@@ -1,0 +1,257 @@
+"""Fill-in-the-middle (FIM) for packed rows (SPEC §6; Bavarian et al. 2022, "Efficient
+Training of Language Models to Fill in the Middle", arXiv:2207.14255).
+
+A document ``[BOS] + body`` (``n`` body tokens) is cut at two token positions
+``0 ≤ a ≤ b ≤ n`` into prefix ``body[:a]``, middle ``body[a:b]`` and suffix ``body[b:]``
+and rearranged with the special markers of :data:`megacpp_core.tokenizer.SPECIAL_TOKENS`:
+
+- PSM: ``BOS <FIM_PREFIX> prefix <FIM_SUFFIX> suffix <FIM_MIDDLE> middle``
+- SPM: ``BOS <FIM_PREFIX> <FIM_SUFFIX> suffix <FIM_MIDDLE> prefix middle`` (the SPM
+  variant of the paper's §B / bigcode's Megatron ``permute``, which keeps prefix and
+  middle contiguous)
+
+The transform is a permutation ``src`` (new position → old position, -1 for the three
+markers) applied to the ids and to every token-aligned column; chunk spans are remapped
+through it (a span cut by ``a`` or ``b`` becomes one span per piece, edges follow the
+first piece). Which documents get FIM (``rate``, default 0.5 as in the paper's best
+setting), PSM vs SPM (``spm_share``, default 0.5, the paper's joint PSM+SPM training) and
+the cut points are drawn from a generator seeded by ``sha256(seed, doc_key)``: the
+result depends on the document and the seed only, never on order or process.
+
+Documentation-comment loss policy (``doc_comment_policy``): ``"mask"`` (default) clears
+the loss on the tokens of the doc comment (``/** */``, ``/*! */``, ``///``, ``//!``) that
+describes the middle span — the one that ends right before it (only whitespace between)
+or opens it — so the model is not trained to write the answer's documentation from the
+answer; ``"keep"`` leaves the loss alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import pack
+from . import tokenizer as tk
+
+FIM_PREFIX_ID = tk.SPECIAL_TOKENS.index("<FIM_PREFIX>")
+FIM_MIDDLE_ID = tk.SPECIAL_TOKENS.index("<FIM_MIDDLE>")
+FIM_SUFFIX_ID = tk.SPECIAL_TOKENS.index("<FIM_SUFFIX>")
+MARKERS = 3
+POLICIES = ("mask", "keep")
+#: Doxygen/Javadoc documentation comments: ``/** … */``, ``/*! … */``, runs of ``///`` or ``//!`` lines.
+DOC_COMMENT_RE = re.compile(rb"/\*[*!](?!/).*?\*/|(?://[/!][^\n]*(?:\n[ \t]*//[/!][^\n]*)*)", re.S)
+
+
+@dataclass(frozen=True)
+class FimConfig:
+    """FIM settings: ``rate`` ∈ [0, 1] share of documents transformed, ``spm_share`` ∈ [0, 1]
+    share of those in SPM order, ``seed`` int, ``doc_comment_policy`` in :data:`POLICIES`."""
+
+    rate: float = 0.5
+    spm_share: float = 0.5
+    seed: int = 0
+    doc_comment_policy: str = "mask"
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.rate <= 1.0 and 0.0 <= self.spm_share <= 1.0):
+            raise ValueError(f"FIM rate {self.rate} and SPM share {self.spm_share} must lie in [0, 1]")
+        if self.doc_comment_policy not in POLICIES:
+            raise ValueError(f"doc_comment_policy {self.doc_comment_policy!r} not in {POLICIES}")
+
+
+@dataclass
+class FimResult:
+    """One document after FIM: ``mode`` in {"none", "psm", "spm"}, ``cuts`` (a, b) in body
+    tokens, ``src`` int64 new→old position map (-1 = marker), ``doc`` the new
+    :class:`~megacpp_core.pack.PackInput`, ``masked`` tokens cleared by the policy."""
+
+    mode: str
+    cuts: tuple[int, int]
+    src: np.ndarray
+    doc: pack.PackInput
+    masked: int = 0
+    reason: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def decide(doc_key: str, n_body: int, cfg: FimConfig) -> tuple[str, int, int]:
+    """(mode, a, b) for a document with ``n_body`` tokens after BOS; deterministic in
+    (``cfg.seed``, ``doc_key``). ``mode == "none"`` when the document is not drawn."""
+    digest = hashlib.sha256(f"{cfg.seed}\x00{doc_key}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    draw, side = rng.random(), rng.random()
+    a, b = sorted(int(x) for x in rng.integers(0, n_body + 1, size=2))
+    if draw >= cfg.rate:
+        return "none", 0, 0
+    return ("spm" if side < cfg.spm_share else "psm"), a, b
+
+
+def permutation(n_tokens: int, mode: str, a: int, b: int) -> np.ndarray:
+    """New→old position map (int64, length ``n_tokens + 3``; -1 = marker) for a document of
+    ``n_tokens`` tokens including its BOS at 0 and body cuts ``a ≤ b``."""
+    body = np.arange(1, n_tokens, dtype=np.int64)
+    pre, mid, suf = body[:a], body[a:b], body[b:]
+    m = np.array([-1], dtype=np.int64)
+    if mode == "psm":
+        parts = [np.zeros(1, np.int64), m, pre, m, suf, m, mid]
+    elif mode == "spm":
+        parts = [np.zeros(1, np.int64), m, m, suf, m, pre, mid]
+    else:
+        raise ValueError(f"mode {mode!r} not in ('psm', 'spm')")
+    return np.concatenate(parts)
+
+
+def marker_ids(mode: str) -> list[int]:
+    """Marker ids in the order they appear in the permuted document."""
+    if mode == "psm":
+        return [FIM_PREFIX_ID, FIM_SUFFIX_ID, FIM_MIDDLE_ID]
+    return [FIM_PREFIX_ID, FIM_SUFFIX_ID, FIM_MIDDLE_ID]
+
+
+def remap_chunks(chunks: list[dict], src: np.ndarray, edges: dict[str, list[dict]]) -> tuple[list[dict], dict[str, list[dict]]]:
+    """Remap chunk spans (old token positions, end exclusive) through ``src``.
+
+    Each span becomes one span per maximal run of consecutive new positions whose old
+    positions are consecutive and inside the span; pieces are sorted by new start. Edges
+    (chunk indices) are rewritten to the first piece of each chunk. Returns
+    ``(chunks, edges)``.
+    """
+    inv = np.full(int(src.max()) + 1 if src.size else 0, -1, dtype=np.int64)
+    keep = src >= 0
+    inv[src[keep]] = np.flatnonzero(keep)
+    pieces: list[tuple[int, int, dict]] = []
+    for j, c in enumerate(chunks):
+        new = inv[c["start"]:c["end"]]
+        cut = np.flatnonzero(np.diff(new) != 1) + 1
+        for run in np.split(new, cut):
+            pieces.append((int(run[0]), j, {**c, "start": int(run[0]), "end": int(run[-1]) + 1}))
+    pieces.sort(key=lambda x: (x[0], x[1]))
+    first: dict[int, int] = {}
+    for k, (_, j, _) in enumerate(pieces):
+        first.setdefault(j, k)
+    new_edges = {e: [{"from": first[x["from"]], "to": first[x["to"]]} for x in v] for e, v in edges.items()}
+    return [p[2] for p in pieces], new_edges
+
+
+def token_byte_table(tok) -> list[bytes]:
+    """Bytes of every id of a byte-level BPE ``tokenizers.Tokenizer`` (index = id).
+
+    Added tokens map to their content's UTF-8, model tokens through the inverse of the
+    GPT-2 byte→unicode table used by the ByteLevel pre-tokenizer.
+    """
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, k = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + k)
+            k += 1
+    inv = {chr(c): b for b, c in zip(bs, cs)}
+    added = {i: a.content for i, a in tok.get_added_tokens_decoder().items()}
+    out: list[bytes] = []
+    for i in range(tok.get_vocab_size(with_added_tokens=True)):
+        if i in added:
+            out.append(added[i].encode("utf-8"))
+            continue
+        s = tok.id_to_token(i) or ""
+        out.append(bytes(inv[ch] for ch in s) if all(ch in inv for ch in s) else s.encode("utf-8"))
+    return out
+
+
+def doc_comment_token_spans(ids: np.ndarray, table: list[bytes]) -> tuple[bytes, np.ndarray, list[tuple[int, int]]]:
+    """(text bytes of ``ids[1:]``, byte offset of every token (len(ids)+1, BOS has width
+    0), doc comments as byte spans) for one BOS-prefixed document."""
+    widths = np.fromiter((0 if k == 0 else len(table[int(t)]) for k, t in enumerate(ids)), dtype=np.int64, count=len(ids))
+    offsets = np.concatenate([[0], np.cumsum(widths)])
+    text = b"".join(table[int(t)] for t in ids[1:])
+    return text, offsets, [(m.start(), m.end()) for m in DOC_COMMENT_RE.finditer(text)]
+
+
+def describing_comment(text: bytes, comments: list[tuple[int, int]], mid_start: int, mid_end: int) -> tuple[int, int] | None:
+    """The doc comment (byte span) that describes the middle ``[mid_start, mid_end)``: the
+    last one ending at or before ``mid_start`` with only whitespace between, or the first
+    one starting inside the middle with only whitespace before it; None otherwise."""
+    if mid_end <= mid_start:
+        return None
+    for cs, ce in comments:
+        if mid_start <= cs < mid_end and not text[mid_start:cs].strip():
+            return cs, ce
+    before = [c for c in comments if c[1] <= mid_start and not text[c[1]:mid_start].strip()]
+    return before[-1] if before else None
+
+
+def apply_fim(doc: pack.PackInput, cfg: FimConfig, row_length: int, byte_table: list[bytes] | None = None) -> FimResult:
+    """FIM-transform one BOS-prefixed document (see the module docstring).
+
+    Every token-aligned value moves with the tokens: ``ids``, ``loss_keep``, the planes
+    in ``extras`` (markers get 0); chunk spans and edges are remapped with
+    :func:`remap_chunks`; per-document values (``platform_ids``) are unchanged. A drawn
+    document whose three markers would overflow ``row_length`` is left whole
+    (``reason == "too_long"``). The doc-comment policy needs ``byte_table``
+    (:func:`token_byte_table`); without it, or when the bytes do not add up, nothing is
+    masked (``reason`` says why).
+    """
+    n = len(doc.ids)
+    mode, a, b = decide(doc.doc_key, n - 1, cfg)
+    ident = np.arange(n, dtype=np.int64)
+    if mode == "none":
+        return FimResult("none", (0, 0), ident, doc)
+    if n + MARKERS > row_length:
+        return FimResult("none", (a, b), ident, doc, reason="too_long")
+    src = permutation(n, mode, a, b)
+    is_marker = src < 0
+    take = np.where(is_marker, 0, src)
+    ids = np.asarray(doc.ids, dtype=np.uint32)[take]
+    ids[is_marker] = np.array(marker_ids(mode), dtype=np.uint32)
+    keep = np.ones(n, np.uint8) if doc.loss_keep is None else np.asarray(doc.loss_keep, np.uint8)
+    masked, reason = 0, ""
+    if cfg.doc_comment_policy == "mask":
+        if byte_table is None:
+            reason = "no_byte_table"
+        else:
+            text, offsets, comments = doc_comment_token_spans(np.asarray(doc.ids), byte_table)
+            span = describing_comment(text, comments, int(offsets[1 + a]), int(offsets[1 + b]))
+            if span is not None:
+                starts, ends = offsets[:-1], offsets[1:]
+                hit = (ends > span[0]) & (starts < span[1]) & (np.arange(n) > 0)
+                masked = int((hit & (keep == 1)).sum())
+                keep = keep.copy()
+                keep[hit] = 0
+    new_keep = keep[take]
+    new_keep[is_marker] = 1
+    extras = dict(doc.extras)
+    for p in pack.PLANES:
+        if p in extras:
+            v = np.asarray(extras[p], dtype=np.uint8)[take]
+            v[is_marker] = 0
+            extras[p] = v
+    if "chunk_boundaries" in extras:
+        edges = {e: list(extras.get(e) or []) for e in pack.EDGE_COLUMNS if e in extras}
+        extras["chunk_boundaries"], new_edges = remap_chunks(list(extras["chunk_boundaries"]), src, edges)
+        extras.update(new_edges)
+    new = pack.PackInput(ids, doc.doc_key, doc.source, doc.revision, doc.path, doc.chunk_index,
+                         loss_keep=new_keep, extras=extras)
+    return FimResult(mode, (a, b), src, new, masked=masked, reason=reason)
+
+
+def apply_fim_all(docs: list[pack.PackInput], cfg: FimConfig, row_length: int,
+                  byte_table: list[bytes] | None = None) -> tuple[list[pack.PackInput], dict]:
+    """:func:`apply_fim` over ``docs``; returns the new documents and figures
+    (``fim_psm``, ``fim_spm``, ``fim_skipped_too_long``, ``fim_doc_comment_masked_tokens``,
+    ``fim_doc_comment_docs``, the config)."""
+    out, figs = [], {"fim_psm": 0, "fim_spm": 0, "fim_skipped_too_long": 0,
+                     "fim_doc_comment_masked_tokens": 0, "fim_doc_comment_docs": 0}
+    for d in docs:
+        r = apply_fim(d, cfg, row_length, byte_table)
+        out.append(r.doc)
+        if r.mode != "none":
+            figs[f"fim_{r.mode}"] += 1
+        figs["fim_skipped_too_long"] += r.reason == "too_long"
+        figs["fim_doc_comment_masked_tokens"] += r.masked
+        figs["fim_doc_comment_docs"] += r.masked > 0
+    figs.update(fim_rate=cfg.rate, fim_spm_share=cfg.spm_share, fim_seed=cfg.seed,
+                fim_doc_comment_policy=cfg.doc_comment_policy)
+    return out, figs
