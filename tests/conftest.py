@@ -6,6 +6,7 @@ content-addressed cache), so only the first run of the suite reaches the package
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -25,24 +26,21 @@ def make_data_root(base: Path) -> Path:
     return base
 
 
-@pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory):
-    """Run ``megacpp run --corpus tiny`` through Dagster into a temporary data root.
-
-    Yields ``(data_root, instance)``; the instance holds the runs and materializations.
-    """
+@contextlib.contextmanager
+def materialized_tiny(tmp_path_factory, label: str):
+    """Run ``megacpp run --corpus tiny`` through Dagster into a fresh data root and
+    Dagster home (named after ``label``); yields ``(data_root, instance)``."""
     from dagster import DagsterInstance
 
     from megacpp_assets.cli import run_snapshot
 
-    root = make_data_root(tmp_path_factory.mktemp("tiny-root"))
-    home = tmp_path_factory.mktemp("dagster-home")
+    root = make_data_root(tmp_path_factory.mktemp(f"{label}-root"))
+    home = tmp_path_factory.mktemp(f"{label}-dagster-home")
     old = {k: os.environ.get(k) for k in ("DAGSTER_HOME", "MEGACPP_DATA_ROOT")}
     os.environ["DAGSTER_HOME"] = str(home)
     try:
         with DagsterInstance.get() as instance:
-            rc = run_snapshot("tiny", str(root), instance=instance)
-            assert rc == 0, "megacpp run --corpus tiny failed"
+            assert run_snapshot("tiny", str(root), instance=instance) == 0, "megacpp run --corpus tiny failed"
             yield root, instance
     finally:
         for k, v in old.items():
@@ -50,3 +48,10 @@ def tiny_run(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """The ``tiny`` snapshot materialized once per session; yields ``(data_root, instance)``."""
+    with materialized_tiny(tmp_path_factory, "tiny") as run:
+        yield run

@@ -4,7 +4,6 @@ snapshot by one source, and byte-identical outputs across two full runs of ``tin
 from __future__ import annotations
 
 import hashlib
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from dagster import (
 from megacpp_assets import sensors
 from megacpp_core.manifest import load_manifest
 from megacpp_resources import DataRootResource
-from tests.conftest import make_data_root
+from tests.conftest import materialized_tiny
 
 
 def _output_hashes(root: Path, snapshot: str = "tiny") -> dict[str, str]:
@@ -43,22 +42,8 @@ def _output_hashes(root: Path, snapshot: str = "tiny") -> dict[str, str]:
 def tiny_run_b(tmp_path_factory):
     """A second, independent ``megacpp run --corpus tiny`` into another data root and
     Dagster home. Yields ``(data_root, instance, hashes of its outputs right after the run)``."""
-    from megacpp_assets.cli import run_snapshot
-
-    root = make_data_root(tmp_path_factory.mktemp("tiny-root-b"))
-    home = tmp_path_factory.mktemp("dagster-home-b")
-    old = {k: os.environ.get(k) for k in ("DAGSTER_HOME", "MEGACPP_DATA_ROOT")}
-    os.environ["DAGSTER_HOME"] = str(home)
-    try:
-        with DagsterInstance.get() as instance:
-            assert run_snapshot("tiny", str(root), instance=instance) == 0
-            yield root, instance, _output_hashes(root)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with materialized_tiny(tmp_path_factory, "tiny-b") as (root, instance):
+        yield root, instance, _output_hashes(root)
 
 
 def test_two_runs_are_byte_identical(tiny_run, tiny_run_b):

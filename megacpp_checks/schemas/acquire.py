@@ -13,6 +13,8 @@ import hashlib
 import pandera.pandas as pa
 import pyarrow as pa_arrow
 
+from . import validate_frame
+
 _HEX64 = r"^[0-9a-f]{64}$"
 _REVISION = r"^([0-9a-f]{40}|[0-9a-f]{64})$"
 _LANGUAGES = ["c", "cpp", "header", "cuda"]
@@ -52,11 +54,9 @@ def validate_source_files(table: pa_arrow.Table) -> tuple[bool, str]:
     ``size`` and ``content_sha256`` must match the bytes of ``content``.
     """
     meta = table.drop_columns(["content"]).to_pandas()
-    try:
-        SOURCE_FILES.validate(meta, lazy=True)
-    except pa.errors.SchemaErrors as e:
-        cases = e.failure_cases.head(5).to_dict("records")
-        return False, f"{len(e.failure_cases)} schema failures, first: {cases}"
+    ok, detail = validate_frame(SOURCE_FILES, meta, "source_files")
+    if not ok:
+        return ok, detail
     content = table.column("content").to_pylist()
     bad = [k for k, b, n, h in zip(meta["doc_key"], content, meta["size"], meta["content_sha256"])
            if len(b) != n or hashlib.sha256(b).hexdigest() != h]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pandera.pandas as pa
 import pyarrow as pa_arrow
 
+from . import validate_frame
+
 DUP_KINDS = ["exact", "near", "cross_source"]
 
 DECISIONS = pa.DataFrameSchema(
@@ -56,22 +58,12 @@ CLUSTERS = pa.DataFrameSchema(
 )
 
 
-def _run(schema: pa.DataFrameSchema, name: str, table: pa_arrow.Table) -> tuple[bool, str]:
-    df = table.to_pandas()
-    try:
-        schema.validate(df, lazy=True)
-    except pa.errors.SchemaErrors as e:
-        cases = e.failure_cases.head(5).to_dict("records")
-        return False, f"{name}: {len(e.failure_cases)} schema failures, first: {cases}"
-    return True, f"{name}: {len(df)} rows valid"
-
-
 def validate_decisions(decisions: pa_arrow.Table, clusters: pa_arrow.Table) -> tuple[bool, str]:
     """Validate both stage-4 tables and their joint rule: every drop's ``kept_twin`` is a
     kept file, and every drop appears in ``duplicate_clusters`` with that kept member.
     Returns ``(passed, detail)``; never raises on bad rows."""
     for schema, name, t in ((DECISIONS, "decisions", decisions), (CLUSTERS, "duplicate_clusters", clusters)):
-        ok, detail = _run(schema, name, t)
+        ok, detail = validate_frame(schema, t, name)
         if not ok:
             return ok, detail
     d = decisions.to_pydict()

@@ -15,6 +15,8 @@ import pyarrow as pa_arrow
 
 from megacpp_core.license import CLASS_ORDER, DECISIONS, ORIGINS
 
+from . import validate_frame
+
 LICENSE = pa.DataFrameSchema(
     {
         "doc_key": pa.Column(str, unique=True),
@@ -47,10 +49,4 @@ LICENSE = pa.DataFrameSchema(
 
 def validate_license(table: pa_arrow.Table) -> tuple[bool, str]:
     """Validate a ``license`` table; ``(passed, detail)``, never raises on bad rows."""
-    df = table.to_pandas()
-    try:
-        LICENSE.validate(df, lazy=True)
-    except pa.errors.SchemaErrors as e:
-        cases = e.failure_cases.head(5).to_dict("records")
-        return False, f"license: {len(e.failure_cases)} schema failures, first: {cases}"
-    return True, f"license: {len(df)} rows valid"
+    return validate_frame(LICENSE, table, "license")

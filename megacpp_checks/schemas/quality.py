@@ -14,6 +14,8 @@ import pyarrow as pa_arrow
 
 from megacpp_core.quality import FILTERS
 
+from . import validate_frame
+
 _HEX64 = r"^[0-9a-f]{64}$"
 
 KEPT = pa.DataFrameSchema(
@@ -50,21 +52,11 @@ EXCLUSIONS = pa.DataFrameSchema(
 )
 
 
-def _validate(schema: pa.DataFrameSchema, table: pa_arrow.Table, what: str) -> tuple[bool, str]:
-    df = table.to_pandas()
-    try:
-        schema.validate(df, lazy=True)
-    except pa.errors.SchemaErrors as e:
-        cases = e.failure_cases.head(5).to_dict("records")
-        return False, f"{what}: {len(e.failure_cases)} schema failures, first: {cases}"
-    return True, f"{what}: {len(df)} rows valid"
-
-
 def validate_kept(table: pa_arrow.Table) -> tuple[bool, str]:
     """Validate a ``quality_kept`` table; ``(passed, detail)``, never raises on bad rows."""
-    return _validate(KEPT, table, "quality_kept")
+    return validate_frame(KEPT, table, "quality_kept")
 
 
 def validate_exclusions(table: pa_arrow.Table) -> tuple[bool, str]:
     """Validate an ``exclusions`` table; ``(passed, detail)``, never raises on bad rows."""
-    return _validate(EXCLUSIONS, table, "exclusions")
+    return validate_frame(EXCLUSIONS, table, "exclusions")

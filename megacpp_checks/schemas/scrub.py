@@ -13,6 +13,8 @@ import pyarrow as pa_arrow
 
 from megacpp_core.license import CLASS_ORDER
 
+from . import validate_frame
+
 #: The source revision: archive sha256, git commit sha (40 hex) or local content hash.
 _REVISION = r"^([0-9a-f]{40}|[0-9a-f]{64})$"
 
@@ -41,10 +43,4 @@ def validate_scrubbed(table: pa_arrow.Table) -> tuple[bool, str]:
     """Validate a ``scrubbed`` table; ``(passed, detail)``, never raises on bad rows.
 
     Extra columns are allowed (later issues may add provenance columns)."""
-    df = table.to_pandas()
-    try:
-        SCRUBBED.validate(df, lazy=True)
-    except pa.errors.SchemaErrors as e:
-        cases = e.failure_cases.head(5).to_dict("records")
-        return False, f"scrubbed: {len(e.failure_cases)} schema failures, first: {cases}"
-    return True, f"scrubbed: {len(df)} rows valid"
+    return validate_frame(SCRUBBED, table, "scrubbed")
