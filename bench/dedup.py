@@ -42,25 +42,13 @@ sys.path.insert(0, str(PROJECT))
 import numpy as np  # noqa: E402
 from datasketch import MinHash, MinHashLSH  # noqa: E402
 
-from megacpp_core import acquire, dedup  # noqa: E402
+from megacpp_core import dedup  # noqa: E402
 from megacpp_core import minhash as mh  # noqa: E402
 from megacpp_core.manifest import load_manifest  # noqa: E402
 
 
 def load_records(corpus: str, cache: Path) -> list[dedup.DedupRecord]:
-    manifest = load_manifest(corpus)
-    out = []
-    for src in manifest.sources:
-        got = acquire.acquire_source(src, cache)
-        for path, data in got.files:
-            if acquire.language_of(path) is None:
-                continue
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            out.append(dedup.DedupRecord(f"{src.name}/{path}", src.name, src.order, path, "permissive", text))
-    return out
+    return dedup.raw_source_records(load_manifest(corpus), cache)
 
 
 def cpu(fn) -> float:

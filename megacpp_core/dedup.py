@@ -425,3 +425,25 @@ def deduplicate(
                               "members": [order[i].doc_key for i in members_of[k]]} for k, cid in largest],
     }
     return DedupResult(decisions=decisions, figures=figures, clusters=clusters)
+
+
+def raw_source_records(manifest, cache, names: Sequence[str] | None = None) -> list[DedupRecord]:
+    """C/C++ files of a manifest's sources read straight from their (cached) archives, as
+    ``DedupRecord``s with class ``permissive`` — no quality, license or scrub stage — for
+    benchmarks and corpus-level tests. ``names`` restricts to those sources; files that
+    are not valid UTF-8 are skipped. Order: manifest order, then archive order."""
+    from . import acquire
+
+    out = []
+    for src in manifest.sources:
+        if names is not None and src.name not in names:
+            continue
+        for path, data in acquire.acquire_source(src, cache).files:
+            if acquire.language_of(path) is None:
+                continue
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            out.append(DedupRecord(f"{src.name}/{path}", src.name, src.order, path, "permissive", text))
+    return out

@@ -16,6 +16,15 @@ PROJECT = Path(__file__).resolve().parent.parent
 SHARED_CACHE = PROJECT / "data" / "cache"
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def make_data_root(base: Path) -> Path:
     """A fresh data root whose ``cache`` is the shared, persistent sdist cache."""
     base.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from megacpp_core import acquire, dedup
+from megacpp_core import dedup
 from megacpp_core import minhash as mh
-from megacpp_core.dedup import DedupRecord, cross_source_candidates, deduplicate, shingles
+from megacpp_core.dedup import DedupRecord, cross_source_candidates, deduplicate, raw_source_records, shingles
 from megacpp_core.layout import SnapshotLayout
 from megacpp_core.manifest import load_manifest
 from megacpp_core.tables import read_parquet
@@ -29,20 +29,7 @@ DEFAULT = load_manifest("default")
 
 def corpus_records(names: list[str] | None = None) -> list[DedupRecord]:
     """C/C++ files of the named default-corpus sources (all when None), manifest order."""
-    out = []
-    for src in DEFAULT.sources:
-        if names is not None and src.name not in names:
-            continue
-        got = acquire.acquire_source(src, SHARED_CACHE)
-        for path, data in got.files:
-            if acquire.language_of(path) is None:
-                continue
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            out.append(DedupRecord(f"{src.name}/{path}", src.name, src.order, path, "permissive", text))
-    return out
+    return raw_source_records(DEFAULT, SHARED_CACHE, names)
 
 
 def exact_jaccard(a: str, b: str) -> float:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_data_root
+from tests.conftest import free_port, make_data_root
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -24,12 +23,6 @@ def _pg_bin() -> Path:
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
     assert found, "PostgreSQL server binaries not installed (make test installs Debian's postgresql)"
     return found[-1].parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +35,7 @@ def postgres(tmp_path_factory):
     data, sock = base / "data", base / "sock"
     data.mkdir()
     sock.mkdir()
-    port = _free_port()
+    port = free_port()
     as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     if as_pg:
         for p in (base, data, sock):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,17 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT, make_data_root
+from tests.conftest import PROJECT, free_port, make_data_root
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = PROJECT / "data" / "test-artifacts"
 PARTITION = "tiny/lz4-4.4.5"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +43,7 @@ def webserver(tmp_path_factory):
             instance.add_dynamic_partitions("repo_revision", ["tiny/pybind11-3.1.0", PARTITION, "tiny/xxhash-4.1.0"])
     finally:
         os.environ.pop("DAGSTER_HOME", None)
-    port = _free_port()
+    port = free_port()
     log = open(root / "dagster-dev.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
                              "-p", str(port)], cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT,
