@@ -653,7 +653,7 @@ def run_pack(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
                                  tokenizer_sha256=info["sha256"], validation_fraction=s.validation_fraction,
                                  max_docs_per_shard=s.max_docs_per_shard,
                                  extra={"snapshot": manifest.name, "rows_lower_bound": lower,
-                                        "fim": {k: v for k, v in fim_figs.items()}})
+                                        "fim": dict(fim_figs)})
     figures = {**summary, "row_length": s.row_length, "rows_lower_bound": lower,
                "rows_over_lower_bound": round(summary["rows"] / max(1, lower), 4),
                "validation_rows": sentinel["validation_rows"], "files": len(sentinel["files"]),
@@ -724,7 +724,7 @@ def run_format(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
                          extra={"export_level": level, "row_length": manifest.settings.row_length})
     lines: list[str] = []
     report = verify.verify_megatron(prefix, out=lines.append, tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"])
-    figures = {**{k: v for k, v in written.items()}, "prefix": str(prefix), "export_level": level, "verify_ok": report.ok,
+    figures = {**written, "prefix": str(prefix), "export_level": level, "verify_ok": report.ok,
                "verify_failures": report.failures, "first_tokens": lines[-2:] if lines else []}
     res = StageResult("format", {"prefix": str(prefix)}, figures)
     res.checks["verify_gate"] = (report.ok, "; ".join(report.failures) or "verify passed")
