@@ -103,17 +103,14 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun
         return 2
     from dagster import DagsterInstance
 
-    from megacpp_assets.definitions import defs, repo_revision, snapshot_partitions
+    from megacpp_assets.definitions import defs
+    from megacpp_assets.sensors import register_partitions
 
     instance = instance or DagsterInstance.get()
     layout = SnapshotLayout(root, manifest.name)
     save_manifest_copy(layout, manifest)
     keys = [manifest.partition_key(s) for s in manifest.sources]
-    for pdef, wanted in ((snapshot_partitions, [manifest.name]), (repo_revision, keys)):
-        have = set(instance.get_dynamic_partitions(pdef.name))
-        missing = [k for k in wanted if k not in have]
-        if missing:
-            instance.add_dynamic_partitions(pdef.name, missing)
+    register_partitions(instance, {manifest.name: manifest})
     print(f"megacpp run: snapshot {manifest.name!r} ({len(keys)} sources) from {manifest.path}")
     print(f"  data root    {root}\n  DAGSTER_HOME {home}")
     t0 = time.perf_counter()

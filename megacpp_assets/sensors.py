@@ -76,6 +76,12 @@ def partition_requests(instance, manifests: dict[str, Manifest]) -> list[AddDyna
     return out
 
 
+def register_partitions(instance, manifests: dict[str, Manifest]) -> None:
+    """Add every missing ``snapshot`` and ``repo_revision`` key of ``manifests`` to ``instance`` now."""
+    for req in partition_requests(instance, manifests):
+        instance.add_dynamic_partitions(req.partitions_def_name, req.partition_keys)
+
+
 @sensor(name="manifest_partitions_sensor", minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
         default_status=DefaultSensorStatus.RUNNING,
         description="Registers snapshot and repo_revision partitions from the shipped and recorded manifests.")
@@ -140,12 +146,7 @@ def backfill_schedule(manifest: Manifest) -> ScheduleDefinition:
     keys = [manifest.partition_key(s) for s in manifest.sources]
 
     def _requests(context: ScheduleEvaluationContext):
-        have = set(context.instance.get_dynamic_partitions("repo_revision"))
-        missing = [k for k in keys if k not in have]
-        if missing:
-            context.instance.add_dynamic_partitions("repo_revision", missing)
-        if manifest.name not in context.instance.get_dynamic_partitions("snapshot"):
-            context.instance.add_dynamic_partitions("snapshot", [manifest.name])
+        register_partitions(context.instance, {manifest.name: manifest})
         tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "manual"
         for k in keys:  # one run per revision and tick (a run_key per request is required)
             yield RunRequest(partition_key=k, run_key=f"{k}@{tick}", tags={"megacpp/snapshot": manifest.name})
