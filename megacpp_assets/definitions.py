@@ -46,9 +46,9 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "lsh_bands_07_14": ("pairs_cross_source",),
     "dedup_decisions": ("each_drop_names_kept_twin",),
     "tokenizer": ("vocab_size_exact", "fixed_special_ids", "round_trip_every_document"),
-    "chunked_documents": ("budgets_hold",),
+    "chunked_documents": ("budgets_hold", "documents_schema"),
     "chunk_dedup": ("only_whitelisted_kinds_dropped",),
-    "tokenized_documents": ("bos_first_ids_in_vocab_round_trip",),
+    "tokenized_documents": ("bos_first_ids_in_vocab_round_trip", "tokenized_schema"),
     "packed_rows": ("row_contract",),
     "megatron_dataset": ("verify_gate",),
 }

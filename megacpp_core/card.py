@@ -114,7 +114,12 @@ def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
           f"{_fmt(c.get('files', 0))} files → {_fmt(c.get('documents', 0))} documents ({_fmt(c.get('files_split', 0))} files split; "
           f"budget {_fmt(c.get('budget_tokens', 0))} tokens + BOS; largest {_fmt(c.get('max_document_tokens', 0))}; "
           f"files with parse errors {_fmt(c.get('parse_error_files', 0))}). Chunk dedup dropped "
-          f"{_fmt(sum((cd.get('dropped') or {}).values()))} ({', '.join(f'{k} {v}' for k, v in (cd.get('dropped') or {}).items()) or 'none'})."]
+          f"{_fmt(sum((cd.get('dropped') or {}).values()))} ({', '.join(f'{k} {v}' for k, v in (cd.get('dropped') or {}).items()) or 'none'}).",
+          f"Files with ERROR nodes cut by the brace-balanced splitter: {_fmt(c.get('brace_fallback_files', 0))} "
+          f"(fallback rate {_fmt(c.get('brace_fallback_rate', 0.0))}). Buckets: "
+          + (", ".join(f"{k} tokens {_fmt(v)}" for k, v in (c.get('buckets') or {}).items()) or "none")
+          + f"; documents over their bucket: {_fmt(c.get('documents_over_bucket', 0))}."]
+    L += enrichment_section(c, snap["tokenize"] or {})
     tz, p, f = snap["tokenize"] or {}, snap["pack"] or {}, snap["format"] or {}
     L += ["", "## Stages 8–10 — tokens, rows, Megatron", "",
           f"Tokens (with BOS) {_fmt(tz.get('tokens', 0))} over {_fmt(tz.get('documents', 0))} documents "
@@ -135,6 +140,28 @@ def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
     for st in SNAPSHOT_STAGES:
         L.append(f"| {st} | {(snap[st] or {}).get('wall_seconds', 0):.1f} |")
     return "\n".join(L) + "\n"
+
+
+def enrichment_section(c: dict, tz: dict) -> list[str]:
+    """Markdown lines of the enrichment figures (stage 6 and the stage-8 alignment)."""
+    if not c.get("enrichment"):
+        return ["", "## Enrichment", "", "Off for this snapshot (`settings.enrichment: false`)."]
+    share = tz.get("structure_token_share") or {}
+    plat = c.get("platform_labels") or {}
+    top = sorted((plat.get("per_label") or {}).items(), key=lambda kv: (-kv[1], kv[0]))[:12]
+    L = ["", "## Enrichment", "",
+         f"Rules {c.get('enrichment_version')}, node-type map {c.get('ast_node_type_map')} "
+         f"(`{str(c.get('ast_node_type_map_sha256', ''))[:12]}…`), platform vocabulary {c.get('platform_vocabulary')} "
+         f"(`{str(c.get('platform_vocabulary_sha256', ''))[:12]}…`). {_fmt(c.get('chunks', 0))} chunks, "
+         f"{_fmt(c.get('call_edges', 0))} call edges, {_fmt(c.get('type_edges', 0))} type edges; "
+         f"{_fmt(tz.get('chunks_without_tokens', 0))} chunks held no token start and were dropped at alignment.",
+         "", "| StructureCategory | share of tokens |", "|---|---:|"]
+    L += [f"| {k} | {_fmt(v)} |" for k, v in share.items()]
+    L += ["", f"Platform labels: {_fmt(plat.get('labelled_documents', 0))} of {_fmt(plat.get('documents', 0))} documents "
+          f"labelled, {_fmt(plat.get('at_cap', 0))} at the cap of {_fmt(plat.get('max_labels_per_document', 20))}.", "",
+          "| label | documents |", "|---|---:|"]
+    L += [f"| {k} | {_fmt(v)} |" for k, v in top]
+    return L
 
 
 def write_card(layout: SnapshotLayout, manifest: Manifest) -> str:

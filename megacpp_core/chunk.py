@@ -20,6 +20,15 @@ Unit kinds: ``function_definition`` -> FUNC_BODY; class/struct/union/enum specif
 -> CLASS_MEMBER; ``comment`` -> COMMENT; ``template_declaration`` -> what it wraps;
 anything else (``#if`` blocks, statements, ERROR nodes) -> OTHER.
 
+Files whose tree has ERROR nodes (tree-sitter's error recovery; macros it cannot expand
+are the usual cause) are cut by :func:`brace_cuts` instead: a brace-balanced splitter that
+ends a unit at a ``;`` or ``}`` back at depth 0 or at a preprocessor line, skipping string
+and character literals and comments. Its oversized units split at the statements one
+brace level deeper, then by lines and characters, under the same exact budget.
+
+Each document is assigned the smallest of :data:`BUCKETS` that holds it with its BOS
+(:func:`bucket_for`); the stage asserts it for every document.
+
 Offsets are Python ``str`` (code point) offsets; tree-sitter's UTF-8 byte offsets are
 converted before use. Output depends only on the inputs (deterministic).
 """
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -42,6 +52,11 @@ __all__ = [
     "Chunk",
     "ChunkingError",
     "LANGUAGES",
+    "BUCKETS",
+    "ParsedSource",
+    "bucket_for",
+    "brace_cuts",
+    "parse_source",
     "split_document",
     "split_document_with_stats",
 ]
@@ -95,6 +110,21 @@ class Chunk:
 #: ``c`` uses the C grammar, the others the C++ grammar.
 LANGUAGES = ("c", "cpp", "header", "cuda")
 
+#: Document length buckets in tokens, BOS included (SPEC §4 "Chunking": 4k, 8k, 16k, 64k,
+#: 128k are real budgets, not labels).
+BUCKETS = (4096, 8192, 16384, 65536, 131072)
+
+
+def bucket_for(n_tokens_with_bos: int, buckets: tuple[int, ...] = BUCKETS) -> int:
+    """The smallest bucket (tokens) holding a document of ``n_tokens_with_bos`` tokens.
+
+    Raises ``ValueError`` when even the largest bucket is too small.
+    """
+    for b in buckets:
+        if n_tokens_with_bos <= b:
+            return b
+    raise ValueError(f"a document of {n_tokens_with_bos} tokens exceeds the largest bucket {buckets[-1]}")
+
 _PREAMBLE = {"preproc_include", "preproc_def", "preproc_function_def", "preproc_call"}
 _CLASSLIKE = {"class_specifier", "struct_specifier", "union_specifier", "enum_specifier"}
 _FIXED_KIND = {
@@ -121,6 +151,19 @@ _NAMED_KINDS = {
 }
 
 
+def declarator_identifier(node) -> str | None:
+    """Text of the identifier a (possibly nested) declarator declares: ``*(*f)(int)`` ->
+    ``f``, ``Foo::bar(int) const`` -> ``Foo::bar``; ``None`` when there is none."""
+    while node is not None:
+        inner = node.child_by_field_name("declarator")
+        if inner is None and node.type == "parenthesized_declarator" and node.named_children:
+            inner = node.named_children[0]
+        if inner is None:
+            break
+        node = inner
+    return None if node is None else node.text.decode("utf-8", "replace")
+
+
 def _main(nodes: tuple) -> int:
     """Index of the main node of a group: the last non-comment node (else the last)."""
     for i in range(len(nodes) - 1, -1, -1):
@@ -136,6 +179,117 @@ def _parser(grammar: str) -> tree_sitter.Parser:
     return tree_sitter.Parser(tree_sitter.Language(lang))
 
 
+def grammar_of(language: str) -> str:
+    """Tree-sitter grammar (``"c"`` or ``"cpp"``) of a stage-1 language label; headers
+    are parsed with the C++ grammar."""
+    if language not in LANGUAGES:
+        raise ValueError(f"unknown language {language!r}; expected one of {LANGUAGES}")
+    return "c" if language == "c" else "cpp"
+
+
+@functools.lru_cache(maxsize=None)
+def _error_query(grammar: str) -> tree_sitter.Query:
+    lang = tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language()
+    return tree_sitter.Query(tree_sitter.Language(lang), "(ERROR) @e")
+
+
+class ParsedSource:
+    """One file parsed once and shared by chunking and enrichment.
+
+    ``text`` (str), ``src`` its UTF-8 bytes (surrogates passed through), ``grammar``
+    (``"c"``/``"cpp"``), ``tree`` the tree-sitter tree, ``b2c`` a numpy int64 array of
+    ``len(src) + 1`` mapping a byte offset to the ``str`` offset of the character holding
+    it (``None`` for ASCII text, where they are equal), ``has_error_nodes`` True when the
+    tree contains an ERROR node (MISSING nodes alone do not count).
+    """
+
+    def __init__(self, text: str, language: str):
+        self.text = text
+        self.grammar = grammar_of(language)
+        if text.isascii():
+            self.b2c = None
+            self.src = text.encode("ascii")
+        else:
+            self.src = text.encode("utf-8", "surrogatepass")
+            lead = (np.frombuffer(self.src, np.uint8) & 0xC0) != 0x80
+            self.b2c = np.concatenate(([0], np.cumsum(lead, dtype=np.int64)))
+            # a continuation byte maps to the character that holds it
+            self.b2c[:-1][~lead] -= 1
+        self.tree = _parser(self.grammar).parse(self.src)
+        root = self.tree.root_node
+        self.has_error_nodes = bool(root.has_error) and bool(
+            tree_sitter.QueryCursor(_error_query(self.grammar)).captures(root))
+
+    def char(self, byte: int) -> int:
+        """UTF-8 byte offset -> ``str`` offset (an end offset maps to the next character)."""
+        return byte if self.b2c is None else int(self.b2c[byte])
+
+    def chars(self, byte_offsets: np.ndarray) -> np.ndarray:
+        """Vectorized :meth:`char` over an integer array."""
+        return byte_offsets if self.b2c is None else self.b2c[byte_offsets]
+
+
+def parse_source(text: str, language: str) -> ParsedSource:
+    """Parse ``text`` with the grammar of ``language`` (see :class:`ParsedSource`).
+
+    Raises ``ValueError`` for an unknown language.
+    """
+    return ParsedSource(text, language)
+
+
+# Lexemes the brace-balanced splitter looks at; everything else is skipped by the regex
+# engine. Raw strings, strings, characters and comments are consumed whole so their braces
+# and semicolons do not count; a preprocessor line (with continuations) is one lexeme.
+_BRACE_LEX = re.compile(
+    r'R"(?P<delim>[^()\\\s"]{0,16})\((?:.|\n)*?\)(?P=delim)"'
+    r'|"(?:\\.|[^"\\\n])*"'
+    r"|'(?:\\.|[^'\\\n])*'"
+    r"|//(?:\\\n|[^\n])*"
+    r"|/\*(?:.|\n)*?\*/"
+    r"|^[ \t]*\#(?:\\\n|[^\n])*"
+    r"|[{};]",
+    re.MULTILINE,
+)
+
+
+def brace_cuts(text: str, lo: int, hi: int, level: int = 0) -> list[int]:
+    """Unit ends of ``text[lo:hi]`` for the brace-balanced splitter, as ``str`` offsets.
+
+    Brace depth starts at 0 at ``lo`` (clamped at 0 when a ``}`` has no opener, e.g. code
+    split across ``#if`` branches). A unit ends after a ``;`` or ``}`` that leaves the depth
+    at ``level``, or after a preprocessor line at that depth; the cut falls after the rest
+    of that line (a trailing comment stays with its unit). Returns sorted offsets strictly
+    inside ``(lo, hi)``; ``[]`` when there is no cut.
+    """
+    depth = 0
+    cuts: list[int] = []
+    last = lo
+    for m in _BRACE_LEX.finditer(text, lo, hi):
+        tok = m.group()
+        c = tok[0]
+        if c == "{":
+            depth += 1
+            continue
+        if c == "}":
+            depth = max(0, depth - 1)
+        elif c == ";":
+            pass
+        elif tok.lstrip().startswith("#"):
+            if depth != level:
+                continue
+        else:
+            continue  # literals and comments
+        if depth != level:
+            continue
+        end = m.end()
+        nl = text.find("\n", end, hi)
+        cut = hi if nl < 0 else nl + 1
+        if last < cut < hi:
+            cuts.append(cut)
+            last = cut
+    return cuts
+
+
 class _Piece(NamedTuple):
     """A span ``[start, end)`` to pack: whole syntactic nodes (``nodes``) or a fragment."""
 
@@ -144,25 +298,25 @@ class _Piece(NamedTuple):
     nodes: tuple  # tree_sitter.Node; () for line/character fragments
     n: int | None = None  # exact token count once known
     depth: int = 0  # syntactic expansions above this piece
+    level: int | None = None  # brace level of a brace-splitter unit; None otherwise
 
 
 class _Splitter:
     """State for one call of :func:`split_document_with_stats`."""
 
-    def __init__(self, text: str, count: Callable[[str], int], budget: int, key: str):
-        self.text, self.count, self.budget, self.key = text, count, budget, key
+    def __init__(self, parsed: ParsedSource, count: Callable[[str], int], budget: int, key: str):
+        self.text, self.count, self.budget, self.key = parsed.text, count, budget, key
         self.fallback_splits = 0
-        if text.isascii():
-            self.b2c = None
-            self.src = text.encode("ascii")
-        else:
-            self.src = text.encode("utf-8", "surrogatepass")
-            lead = (np.frombuffer(self.src, np.uint8) & 0xC0) != 0x80
-            self.b2c = np.concatenate(([0], np.cumsum(lead, dtype=np.int64)))
+        self.src, self.b2c = parsed.src, parsed.b2c
 
     def char(self, byte: int) -> int:
         """UTF-8 byte offset -> ``str`` offset."""
         return byte if self.b2c is None else int(self.b2c[byte])
+
+    def brace_pieces(self, lo: int, hi: int, level: int, depth: int) -> list[_Piece]:
+        """Pieces of ``[lo, hi)`` cut by :func:`brace_cuts` at ``level``."""
+        bounds = [lo, *brace_cuts(self.text, lo, hi, level), hi]
+        return [_Piece(a, b, (), None, depth, level) for a, b in zip(bounds, bounds[1:]) if a < b]
 
     def span(self, node) -> tuple[int, int]:
         """``str`` offsets ``(start, end)`` of a tree-sitter node."""
@@ -186,12 +340,10 @@ class _Splitter:
         kind = _FIXED_KIND.get(node.type, StructureCategory.OTHER)
         if kind not in _NAMED_KINDS:
             return kind, None
-        field = "declarator" if node.type in ("function_definition", "type_definition") else "name"
-        target = node.child_by_field_name(field)
-        while target is not None and target.child_by_field_name("declarator") is not None:
-            target = target.child_by_field_name("declarator")
-        name = None if target is None else target.text.decode("utf-8", "replace")
-        return kind, name
+        if node.type in ("function_definition", "type_definition"):
+            return kind, declarator_identifier(node.child_by_field_name("declarator"))
+        target = node.child_by_field_name("name")
+        return kind, None if target is None else target.text.decode("utf-8", "replace")
 
     # -- tiling ----------------------------------------------------------------------
     def cut(self, prev_end: int, next_start: int) -> int:
@@ -234,6 +386,10 @@ class _Splitter:
 
     def expand(self, p: _Piece) -> list[_Piece]:
         """Split an oversized piece: nodes, then children, then lines, then characters."""
+        if p.level is not None and p.depth < MAX_SPLIT_DEPTH:  # brace splitter: one level deeper
+            inner = self.brace_pieces(p.start, p.end, p.level + 1, p.depth + 1)
+            if len(inner) > 1:
+                return inner
         if p.nodes and p.depth < MAX_SPLIT_DEPTH:
             i = _main(p.nodes)
             if p.nodes[i].type == "comment":  # comments only: one piece each
@@ -369,18 +525,22 @@ def split_document_with_stats(
     count_tokens: Callable[[str], int],
     budget: int,
     doc_key: str = "",
+    parsed: ParsedSource | None = None,
 ) -> tuple[list[Chunk], dict]:
     """Split ``text`` into contiguous :class:`Chunk` s of at most ``budget`` tokens each.
 
     ``language`` is one of :data:`LANGUAGES`; ``count_tokens(str) -> int`` is the exact
-    token count (the real tokenizer, without special tokens); ``budget`` >= 1 tokens.
+    token count (the real tokenizer, without special tokens); ``budget`` >= 1 tokens;
+    ``parsed`` an already parsed :class:`ParsedSource` of ``text`` (parsed here if None).
     Returns ``(chunks, stats)`` with ``stats = {"parse_errors": bool (the tree has ERROR
-    or MISSING nodes), "units": int (top-level units, leading comments attached),
+    or MISSING nodes), "brace_fallback": bool (the tree has ERROR nodes, so the
+    brace-balanced splitter cut the file), "units": int (top-level units),
     "fallback_splits": int (pieces split by lines or characters)}``.
 
     Guarantees (checked before returning): ``chunks`` tile ``text`` exactly, in order,
     with no empty chunk; each ``n_tokens == count_tokens(chunk text) <= budget``;
-    ``[]`` for empty text. Pieces of a split unit are labelled ``"OTHER"``.
+    ``[]`` for empty text. Pieces of a split unit are labelled ``"OTHER"``, and so are
+    the chunks of the brace-balanced splitter.
 
     Raises ``ValueError`` for an unknown ``language`` or ``budget < 1``, and
     :class:`ChunkingError` (a ``ValueError`` naming ``doc_key``) when a single character
@@ -392,17 +552,24 @@ def split_document_with_stats(
     if budget < 1:
         raise ValueError(f"{doc_key}: budget must be >= 1 token, got {budget}")
     if not text:
-        return [], {"parse_errors": False, "units": 0, "fallback_splits": 0}
-    s = _Splitter(text, count_tokens, budget, doc_key)
-    root = _parser("c" if language == "c" else "cpp").parse(s.src).root_node
-    units = s.tile(s.groups(root), 0, len(text)) or [_Piece(0, len(text), ())]
+        return [], {"parse_errors": False, "brace_fallback": False, "units": 0, "fallback_splits": 0}
+    parsed = parsed or ParsedSource(text, language)
+    if parsed.text is not text and parsed.text != text:
+        raise ValueError(f"{doc_key}: the parsed source is not this text")
+    s = _Splitter(parsed, count_tokens, budget, doc_key)
+    root = parsed.tree.root_node
+    if parsed.has_error_nodes:
+        units = s.brace_pieces(0, len(text), 0, 0)
+    else:
+        units = s.tile(s.groups(root), 0, len(text)) or [_Piece(0, len(text), ())]
     n = count_tokens(text)
     if n <= budget:
         chunks = [s.chunk(units, n)]
     else:
         chunks = s.pack(units)
     _check(chunks, text, budget, doc_key)
-    return chunks, {"parse_errors": root.has_error, "units": len(units), "fallback_splits": s.fallback_splits}
+    return chunks, {"parse_errors": bool(root.has_error), "brace_fallback": parsed.has_error_nodes,
+                    "units": len(units), "fallback_splits": s.fallback_splits}
 
 
 def split_document(
@@ -411,9 +578,10 @@ def split_document(
     count_tokens: Callable[[str], int],
     budget: int,
     doc_key: str = "",
+    parsed: ParsedSource | None = None,
 ) -> list[Chunk]:
     """Chunks of :func:`split_document_with_stats` without the stats (same contract)."""
-    return split_document_with_stats(text, language, count_tokens, budget, doc_key)[0]
+    return split_document_with_stats(text, language, count_tokens, budget, doc_key, parsed)[0]
 
 
 def _check(chunks: list[Chunk], text: str, budget: int, doc_key: str) -> None:

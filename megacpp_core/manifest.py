@@ -133,6 +133,12 @@ class Settings:
     fim_seed: int = 0
     fim_doc_comment_policy: str = "mask"  # "mask" | "keep"
     megatron_export: str = "document"  # "document" (one sequence per document) | "row"
+    # enrichment (SPEC §4 "Enrichment"): structure and AST planes, chunk graph, platform labels
+    enrichment: bool = True
+    # the libclang semantic graph lane (SPEC §4, optional layer 5), switched per snapshot
+    semantic_graph: bool = False
+    semantic_workers: int = 2
+    semantic_timeout_s: float = 120.0
 
     def fingerprint(self) -> str:
         """Hex SHA-256 (first 16 chars) of the settings, for provenance labels."""
@@ -238,8 +244,8 @@ def _settings(raw: Any, where: str) -> Settings:
             if not isinstance(v, (list, tuple)):
                 raise ManifestError(f"{where}: settings.{k} must be a list")
             v = tuple(v)
-        elif isinstance(default, bool) or not isinstance(v, type(default)) and not (
-            isinstance(default, float) and isinstance(v, int)
+        elif (isinstance(default, bool) and not isinstance(v, bool)) or not isinstance(default, bool) and (
+            isinstance(v, bool) or not isinstance(v, type(default)) and not (isinstance(default, float) and isinstance(v, int))
         ):
             raise ManifestError(f"{where}: settings.{k} must be {type(default).__name__}, got {v!r}")
         kwargs[k] = v
@@ -248,6 +254,8 @@ def _settings(raw: Any, where: str) -> Settings:
         raise ManifestError(f"{where}: settings.vocab_size {s.vocab_size} is too small (≥ 512)")
     if s.row_length < 16:
         raise ManifestError(f"{where}: settings.row_length {s.row_length} is too small (≥ 16)")
+    if s.semantic_workers < 1 or s.semantic_timeout_s <= 0:
+        raise ManifestError(f"{where}: settings.semantic_workers must be ≥ 1 and semantic_timeout_s > 0")
     for k in ("license_unknown_decision", "license_weak_copyleft_decision", "license_gpl2_decision"):
         if getattr(s, k) not in ("accept", "accept_tagged", "refuse"):
             raise ManifestError(f"{where}: settings.{k} must be accept, accept_tagged or refuse")

@@ -485,28 +485,63 @@ DOCUMENTS_SCHEMA = pa.schema([
     ("doc_key", pa.string()), ("file_key", pa.string()), ("source", pa.string()), ("path", pa.string()),
     ("revision", pa.string()), ("language", pa.string()), ("license_class", pa.string()),
     ("chunk_index", pa.int32()), ("n_chunks", pa.int32()), ("start", pa.int64()), ("end", pa.int64()),
-    ("kind", pa.string()), ("name", pa.string()), ("n_text_tokens", pa.int32()), ("text", pa.large_string()),
+    ("kind", pa.string()), ("name", pa.string()), ("n_text_tokens", pa.int32()), ("bucket", pa.int32()),
+    ("text", pa.large_string()),
+])
+#: Stage-6 enrichment columns (character level; stage 8 aligns them to tokens). The
+#: ``char_*`` planes hold one uint8 per ``str`` character of ``text`` as bytes;
+#: ``char_chunk_boundaries`` are character offsets relative to the document.
+ENRICHED_COLUMNS = pa.schema([
+    ("char_chunk_boundaries", pa.list_(pack.CHUNK_TYPE)),
+    ("call_edges", pa.list_(pack.EDGE_TYPE)),
+    ("type_edges", pa.list_(pack.EDGE_TYPE)),
+    ("platform_ids", pack.PLATFORM_TYPE),
+    ("char_structure", pa.large_binary()),
+    ("char_ast_depth", pa.large_binary()),
+    ("char_sibling_index", pa.large_binary()),
+    ("char_ast_node_type", pa.large_binary()),
 ])
 
 
 def run_chunk(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
-    """Split every kept file at function/class boundaries under ``row_length - 1`` tokens
-    (one slot is the document's BOS); write ``documents/chunks.parquet``."""
+    """Split every kept file at declaration boundaries under ``row_length - 1`` tokens (one
+    slot is the document's BOS), assign each document its bucket, and enrich it (structure
+    and AST planes per character, chunk list, call/type edges, platform labels) unless
+    ``settings.enrichment`` is off; write ``documents/chunks.parquet``.
+
+    Files whose tree has ERROR nodes are cut by the brace-balanced splitter; the share is
+    reported as ``brace_fallback_rate``.
+    """
+    from . import enrich, platforms
+
     t0 = time.perf_counter()
     tok, info = _load_snapshot_tokenizer(layout)
     budget = manifest.settings.row_length - 1
+    enriching = manifest.settings.enrichment
     kept = read_parquet(layout.stage_dir("dedup") / "kept.parquet")
     d = kept.to_pydict()
-    cols = {f.name: [] for f in DOCUMENTS_SCHEMA}
-    parse_errors = fallback = split_files = 0
-    counter = lambda text: tk.count_tokens(tok, text)
+    schema = DOCUMENTS_SCHEMA
+    if enriching:
+        for f in ENRICHED_COLUMNS:
+            schema = schema.append(f)
+    cols = {f.name: [] for f in schema}
+    parse_errors = fallback = brace_files = split_files = 0
+    enrich_seconds = 0.0
+    counter = lambda text: tk.count_tokens(tok, text)  # noqa: E731
     for i in range(kept.num_rows):
         text = d["text"][i]
-        chunks, stats = chunk.split_document_with_stats(text, d["language"][i], counter, budget, d["doc_key"][i])
+        parsed = chunk.parse_source(text, d["language"][i]) if text else None
+        chunks, stats = chunk.split_document_with_stats(text, d["language"][i], counter, budget, d["doc_key"][i], parsed)
         parse_errors += bool(stats.get("parse_errors"))
+        brace_files += bool(stats.get("brace_fallback"))
         fallback += int(stats.get("fallback_splits", 0))
         split_files += len(chunks) > 1
+        if enriching and chunks:
+            te = time.perf_counter()
+            fe = enrich.enrich_file(text, d["language"][i], parsed)
+            enrich_seconds += time.perf_counter() - te
         for j, c in enumerate(chunks):
+            doc_text = text[c.start:c.end]
             cols["doc_key"].append(f"{d['doc_key'][i]}#{j}")
             cols["file_key"].append(d["doc_key"][i])
             cols["source"].append(d["source"][i])
@@ -521,15 +556,50 @@ def run_chunk(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
             cols["kind"].append(c.kind)
             cols["name"].append(c.name)
             cols["n_text_tokens"].append(c.n_tokens)
-            cols["text"].append(text[c.start:c.end])
-    table = pa.table(cols, schema=DOCUMENTS_SCHEMA)
+            cols["bucket"].append(chunk.bucket_for(c.n_tokens + 1))
+            cols["text"].append(doc_text)
+            if enriching:
+                te = time.perf_counter()
+                de = enrich.document_enrichment(fe, c.start, c.end)
+                cols["char_chunk_boundaries"].append(de.chunks)
+                cols["call_edges"].append(de.call_edges)
+                cols["type_edges"].append(de.type_edges)
+                cols["platform_ids"].append(platforms.scan_platforms(doc_text))
+                for name, plane in de.planes.items():
+                    cols[f"char_{name}"].append(plane)
+                enrich_seconds += time.perf_counter() - te
+    table = pa.table(cols, schema=schema)
     out = layout.stage_dir("documents") / "chunks.parquet"
     write_parquet(table, out)
+    n_tokens = np.asarray(cols["n_text_tokens"], dtype=np.int64)
+    buckets = np.asarray(cols["bucket"], dtype=np.int64)
+    over_bucket = int(np.sum(n_tokens + 1 > buckets))
     figures = {"files": kept.num_rows, "documents": table.num_rows, "files_split": split_files, "budget_tokens": budget,
-               "max_document_tokens": int(max(cols["n_text_tokens"], default=0)), "parse_error_files": parse_errors,
-               "fallback_splits": fallback, "kinds": value_counts(table.column("kind"))}
+               "max_document_tokens": int(n_tokens.max(initial=0)), "parse_error_files": parse_errors,
+               "brace_fallback_files": brace_files,
+               "brace_fallback_rate": round(brace_files / max(1, kept.num_rows), 4),
+               "fallback_splits": fallback, "kinds": value_counts(table.column("kind")),
+               "buckets": {str(k): int(v) for k, v in zip(*np.unique(buckets, return_counts=True))},
+               "documents_over_bucket": over_bucket, "tokenizer_sha256": info["sha256"],
+               "enrichment": enriching}
+    if enriching:
+        from . import ast_types
+
+        figures.update({
+            "enrichment_version": enrich.ENRICHMENT_VERSION, "enrich_seconds": round(enrich_seconds, 3),
+            "ast_node_type_map": ast_types.NODE_TYPE_MAP_VERSION, "ast_node_type_map_sha256": ast_types.map_sha256(),
+            "platform_vocabulary": platforms.VOCAB_VERSION, "platform_vocabulary_sha256": platforms.load_vocabulary().sha256,
+            "chunks": int(sum(len(x) for x in cols["char_chunk_boundaries"])),
+            "call_edges": int(sum(len(x) for x in cols["call_edges"])),
+            "type_edges": int(sum(len(x) for x in cols["type_edges"])),
+            "platform_labels": platforms.figures(cols["platform_ids"]),
+        })
     res = StageResult("chunk", {"documents": str(out)}, figures)
-    res.checks["budgets_hold"] = (figures["max_document_tokens"] <= budget, f"max {figures['max_document_tokens']} ≤ {budget}")
+    res.checks["budgets_hold"] = (figures["max_document_tokens"] <= budget and over_bucket == 0,
+                                  f"max {figures['max_document_tokens']} ≤ {budget}; {over_bucket} documents over their bucket")
+    from megacpp_checks.schemas import documents as documents_schema
+
+    res.checks["documents_schema"] = documents_schema.validate_documents(table)
     return _timed(layout, "chunk", None, t0, res)
 
 
@@ -564,6 +634,9 @@ def run_tokenize(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
         raise StageError(f"tokenize refuses the snapshot tokenizer: {e}") from e
     docs = read_parquet(layout.stage_dir("documents") / "deduped.parquet")
     table, figures = tokenize.tokenize_documents(docs, tok, info["vocab_size"])
+    if "char_structure" in table.column_names:
+        table, align_figs = align_enrichment(table, tok, info["sha256"])
+        figures.update(align_figs)
     too_long = pc.sum(pc.greater(table.column("n_tokens"), manifest.settings.row_length)).as_py() or 0
     if too_long:
         raise StageError(f"{too_long} documents exceed the row length {manifest.settings.row_length} with BOS")
@@ -578,7 +651,76 @@ def run_tokenize(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     max_id = pc.max(back.flatten()).as_py() if len(back) else 0
     res.checks["bos_first_ids_in_vocab_round_trip"] = (bool(bos_ok) and max_id < info["vocab_size"],
                                                        f"{len(back)} documents read back; BOS first: {bos_ok}; max id {max_id} < {info['vocab_size']}")
+    from megacpp_checks.schemas import documents as documents_schema
+
+    res.checks["tokenized_schema"] = documents_schema.validate_tokenized(read_parquet(out), tk.BOS_ID)
     return _timed(layout, "tokenize", None, t0, res)
+
+
+TOKEN_ENRICHED_COLUMNS = pa.schema([
+    ("token_char_start", pa.list_(pa.int32())), ("token_char_end", pa.list_(pa.int32())),
+    *[(p, pack.OPTIONAL_TYPES[p]) for p in pack.PLANES],
+    ("chunk_boundaries", pack.OPTIONAL_TYPES["chunk_boundaries"]),
+])
+
+
+def align_enrichment(table: pa.Table, tok, tokenizer_sha256: str) -> tuple[pa.Table, dict]:
+    """Replace the stage-6 character-level columns of tokenized documents by token-aligned
+    ones (:func:`megacpp_core.tokenize.align_document`): ``token_char_start/end``, the five
+    planes, ``chunk_boundaries`` in token positions and re-indexed edges. Fails closed with
+    :class:`StageError` naming the document on any misalignment. Figures: the share of
+    tokens per StructureCategory and the chunks dropped for holding no token start."""
+    table_bytes, lengths = tokenize.byte_table(tok, tokenizer_sha256)
+    d = table.select(["doc_key", "text", "input_ids", "char_chunk_boundaries", "call_edges", "type_edges",
+                      *tokenize.CHAR_PLANES]).to_pydict()
+    ids_col = table.column("input_ids").combine_chunks()
+    offsets = ids_col.offsets.to_numpy()
+    flat = ids_col.values.to_numpy(zero_copy_only=False)
+    new: dict[str, list] = {f.name: [] for f in TOKEN_ENRICHED_COLUMNS}
+    new["call_edges"], new["type_edges"] = [], []
+    counts = np.zeros(len(chunk.StructureCategory), dtype=np.int64)
+    dropped = 0
+    for i, key in enumerate(d["doc_key"]):
+        ids = flat[offsets[i]:offsets[i + 1]]
+        try:
+            spans = tokenize.token_char_spans(d["text"][i], ids, table_bytes, lengths, key)
+            al = tokenize.align_document(d["text"][i], ids, spans, {c: d[c][i] for c in tokenize.CHAR_PLANES},
+                                         d["char_chunk_boundaries"][i], d["call_edges"][i], d["type_edges"][i], key)
+        except tokenize.AlignmentError as e:
+            raise StageError(f"tokenize: enrichment alignment failed closed: {e}") from e
+        new["token_char_start"].append(spans[0])
+        new["token_char_end"].append(spans[1])
+        for p in pack.PLANES:
+            new[p].append(al[p])
+        new["chunk_boundaries"].append(al["chunk_boundaries"])
+        new["call_edges"].append(al["call_edges"])
+        new["type_edges"].append(al["type_edges"])
+        dropped += len(d["char_chunk_boundaries"][i]) - len(al["chunk_boundaries"])
+        counts += np.bincount(al["structure_ids"][1:], minlength=len(counts))[:len(counts)]
+    table = table.drop_columns(["char_chunk_boundaries", "call_edges", "type_edges", *tokenize.CHAR_PLANES])
+    for f in TOKEN_ENRICHED_COLUMNS:
+        vals = new[f.name]
+        if pa.types.is_list(f.type) and not pa.types.is_struct(f.type.value_type):
+            arr = _list_array([np.asarray(v) for v in vals], f.type)
+        else:
+            arr = pa.array(vals, type=f.type)
+        table = table.append_column(f, arr)
+    for e in pack.EDGE_COLUMNS:
+        table = table.append_column(pa.field(e, pack.OPTIONAL_TYPES[e]), pa.array(new[e], type=pack.OPTIONAL_TYPES[e]))
+    total = max(1, int(counts.sum()))
+    figures = {"structure_token_share": {c.name: round(int(counts[c]) / total, 4) for c in chunk.StructureCategory},
+               "chunks_without_tokens": int(dropped),
+               "token_chunks": int(sum(len(x) for x in new["chunk_boundaries"]))}
+    return table, figures
+
+
+def _list_array(values: list[np.ndarray], typ: pa.ListType) -> pa.Array:
+    """A list array from numpy arrays in one concatenation (no per-element Python objects)."""
+    lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    np_type = typ.value_type.to_pandas_dtype()
+    flat = np.concatenate(values).astype(np_type, copy=False) if values else np.zeros(0, dtype=np_type)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=typ.value_type))
 
 
 # --------------------------------------------------------------------------- stage 9
@@ -604,7 +746,8 @@ def fim_config(manifest: Manifest):
                          doc_comment_policy=s.fim_doc_comment_policy)
 
 
-def packed_documents(layout: SnapshotLayout, manifest: Manifest, tok) -> tuple[list[pack.PackInput], list[str], dict, pa.Table]:
+def packed_documents(layout: SnapshotLayout, manifest: Manifest, tok,
+                     tokenizer_sha256: str | None = None) -> tuple[list[pack.PackInput], list[str], dict, pa.Table]:
     """The tokenized documents as :class:`pack.PackInput` after FIM (deterministic by seed
     and doc key), the optional enrichment columns they carry, FIM figures and the raw table
     (``doc_key``, ``text``, ``input_ids``, tokenized order)."""
@@ -626,7 +769,7 @@ def packed_documents(layout: SnapshotLayout, manifest: Manifest, tok) -> tuple[l
         inputs.append(pack.PackInput(flat[offsets[i]:offsets[i + 1]], d["doc_key"][i], d["source"][i], d["revision"][i],
                                      d["path"][i], d["chunk_index"][i], extras=extras))
     cfg = fim_config(manifest)
-    table = fim.token_byte_table(tok) if cfg.rate > 0 and cfg.doc_comment_policy == "mask" else None
+    table = tokenize.byte_table(tok, tokenizer_sha256)[0] if cfg.rate > 0 and cfg.doc_comment_policy == "mask" else None
     inputs, figs = fim.apply_fim_all(inputs, cfg, manifest.settings.row_length, table)
     return inputs, optional, figs, docs.select(["doc_key", "text", "input_ids"])
 
@@ -642,7 +785,7 @@ def run_pack(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     tok, info = _load_snapshot_tokenizer(layout)
     _check_tokenized_lineage(layout, info)
     s = manifest.settings
-    inputs, optional, fim_figs, _ = packed_documents(layout, manifest, tok)
+    inputs, optional, fim_figs, _ = packed_documents(layout, manifest, tok, info["sha256"])
     t_pack = time.perf_counter()
     rows = pack.build_rows(inputs, s.row_length, tk.BOS_ID, tk.PAD_ID, optional=optional)
     pack_seconds = time.perf_counter() - t_pack
@@ -701,7 +844,7 @@ def run_format(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     prefix = megatron_prefix(layout, manifest)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     if level == "document":
-        inputs, _, _, raw = packed_documents(layout, manifest, tok)
+        inputs, _, _, raw = packed_documents(layout, manifest, tok, info["sha256"])
         texts = raw.column("text").to_pylist()
         seqs = [d.ids for d in inputs]
         keys = [d.doc_key for d in inputs]

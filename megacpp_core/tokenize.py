@@ -72,3 +72,132 @@ def tokenize_documents(documents: pa.Table, tok, vocab_size: int, batch: int = 4
                "bytes_per_token": round(text_bytes / max(1, int(lengths.sum()) - len(texts)), 4),
                "max_document_tokens": int(lengths.max()) if len(lengths) else 0}
     return table, figures
+
+
+# --------------------------------------------------------------------------- alignment
+
+class AlignmentError(ValueError):
+    """Token spans or enrichment planes do not line up with a document (fails closed)."""
+
+
+#: Character-level planes of stage 6 and the token-level plane each becomes (SPEC §4).
+CHAR_PLANES = {"char_structure": "structure_ids", "char_ast_depth": "ast_depth",
+               "char_sibling_index": "sibling_index", "char_ast_node_type": "ast_node_type"}
+#: Planes sampled at the token's first non-whitespace character (the first character when
+#: the token is all whitespace); ``structure_ids`` is sampled at the first character
+#: (SPEC §4 "sampled at each token's first character").
+_AST_SAMPLED = ("ast_depth", "sibling_index", "ast_node_type")
+_WS = np.zeros(128, dtype=bool)
+_WS[[9, 10, 11, 12, 13, 32]] = True
+
+_BYTE_TABLES: dict[str, tuple[list[bytes], np.ndarray]] = {}
+
+
+def byte_table(tok, sha256: str | None = None) -> tuple[list[bytes], np.ndarray]:
+    """``(bytes per id, int64 byte length per id)`` of a byte-level tokenizer, cached per
+    process by the tokenizer's sha256 when given (building it walks the whole vocabulary)."""
+    from .fim import token_byte_table
+
+    if sha256 and sha256 in _BYTE_TABLES:
+        return _BYTE_TABLES[sha256]
+    table = token_byte_table(tok)
+    out = (table, np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table)))
+    if sha256:
+        _BYTE_TABLES[sha256] = out
+    return out
+
+
+def token_char_spans(text: str, ids: np.ndarray, table: list[bytes], lengths: np.ndarray,
+                     doc_key: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Character span ``[start, end)`` of every token of a BOS-prefixed document.
+
+    ``ids`` uint32 ``[BOS, t1, ...]``; returns two int32 arrays of ``len(ids)``: BOS gets
+    ``(0, 0)``; a token holding part of a multi-byte character spans that whole character
+    (so two neighbours may share it). The tokens' bytes must concatenate to exactly the
+    UTF-8 of ``text`` (surrogates passed through); otherwise :class:`AlignmentError` names
+    the document — a missing or extra span never produces metadata.
+    """
+    body = np.asarray(ids[1:], dtype=np.int64)
+    src = text.encode("utf-8", "surrogatepass")
+    if body.size and (body.max() >= len(lengths)):
+        raise AlignmentError(f"{doc_key}: token id {int(body.max())} outside the byte table")
+    widths = lengths[body]
+    if int(widths.sum()) != len(src) or (widths.size and int(widths.min()) == 0):
+        raise AlignmentError(f"{doc_key}: token byte spans cover {int(widths.sum())} of {len(src)} bytes")
+    if b"".join([table[i] for i in body.tolist()]) != src:
+        raise AlignmentError(f"{doc_key}: token bytes do not spell the document text")
+    ends = np.cumsum(widths)
+    starts = ends - widths
+    if text.isascii():
+        cs, ce = starts, ends
+    else:
+        lead = (np.frombuffer(src, np.uint8) & 0xC0) != 0x80
+        b2c = np.cumsum(lead, dtype=np.int64) - 1  # byte -> index of the character holding it
+        cs, ce = b2c[starts], b2c[ends - 1] + 1
+    zero = np.zeros(1, dtype=np.int32)
+    return np.concatenate([zero, cs.astype(np.int32)]), np.concatenate([zero, ce.astype(np.int32)])
+
+
+def align_document(text: str, ids: np.ndarray, spans: tuple[np.ndarray, np.ndarray], char_planes: dict[str, bytes],
+                   char_chunks: list[dict], call_edges: list[dict], type_edges: list[dict],
+                   doc_key: str = "") -> dict:
+    """Token-level enrichment of one document from its stage-6 character-level columns.
+
+    ``spans`` from :func:`token_char_spans`; ``char_planes`` maps the :data:`CHAR_PLANES`
+    names to bytes of ``len(text)``; ``char_chunks`` are ``{start, end, kind, name,
+    dep_level}`` in characters. Returns ``{plane: uint8 array of len(ids)}`` for the five
+    planes of :data:`megacpp_core.pack.PLANES` (BOS gets 0 everywhere), plus
+    ``chunk_boundaries`` in token positions (a chunk holds the tokens whose first
+    character lies in it; a chunk no token starts in is dropped and its edges with it),
+    ``call_edges`` and ``type_edges`` re-indexed to the kept chunks. ``dep_levels`` is the
+    token's chunk ``dep_level + 1`` (clamped 255), 0 outside every chunk and on BOS.
+    Raises :class:`AlignmentError` naming the document when a plane does not have one
+    value per character or a chunk or edge points outside the document.
+    """
+    n = len(ids)
+    cs = spans[0][1:].astype(np.int64)
+    ce = spans[1][1:].astype(np.int64)
+    out: dict = {}
+    if cs.size:
+        sample = cs.copy()
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        ws = np.zeros(len(codes), dtype=bool)
+        small = codes < 128
+        ws[small] = _WS[codes[small]]
+        idx = np.where(ws, len(codes), np.arange(len(codes)))
+        nxt = np.minimum.accumulate(idx[::-1])[::-1]  # next non-whitespace character at or after
+        cand = nxt[cs]
+        sample = np.where(cand < ce, cand, cs)
+    for col, plane in CHAR_PLANES.items():
+        raw = char_planes.get(col)
+        if raw is None or len(raw) != len(text):
+            raise AlignmentError(f"{doc_key}: {col} has {0 if raw is None else len(raw)} values for {len(text)} characters")
+        a = np.zeros(n, dtype=np.uint8)
+        if cs.size:
+            vals = np.frombuffer(raw, dtype=np.uint8)
+            a[1:] = vals[sample if plane in _AST_SAMPLED else cs]
+        out[plane] = a
+    dep = np.zeros(n, dtype=np.uint8)
+    keep: dict[int, int] = {}
+    chunks: list[dict] = []
+    for j, c in enumerate(char_chunks):
+        if not 0 <= c["start"] < c["end"] <= len(text):
+            raise AlignmentError(f"{doc_key}: chunk {j} [{c['start']}, {c['end']}) outside {len(text)} characters")
+        t0 = int(np.searchsorted(cs, c["start"], side="left"))
+        t1 = int(np.searchsorted(cs, c["end"], side="left"))
+        if t1 <= t0:
+            continue
+        keep[j] = len(chunks)
+        chunks.append({**c, "start": t0 + 1, "end": t1 + 1})
+        dep[t0 + 1:t1 + 1] = min(int(c["dep_level"]), 254) + 1
+    out["dep_levels"] = dep
+    out["chunk_boundaries"] = chunks
+    for name, edges in (("call_edges", call_edges), ("type_edges", type_edges)):
+        kept = []
+        for e in edges or []:
+            if not (0 <= e["from"] < len(char_chunks) and 0 <= e["to"] < len(char_chunks)):
+                raise AlignmentError(f"{doc_key}: {name} {e} outside its {len(char_chunks)} chunks")
+            if e["from"] in keep and e["to"] in keep:
+                kept.append({"from": keep[e["from"]], "to": keep[e["to"]]})
+        out[name] = kept
+    return out

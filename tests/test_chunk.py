@@ -59,7 +59,7 @@ UNIT_STARTS = ("// helper", "int f", "class C", "namespace ns")
 def test_empty_and_whitespace():
     assert split_document("", "cpp", count, 10) == []
     chunks, stats = split_document_with_stats("", "c", count, 10)
-    assert chunks == [] and stats == {"parse_errors": False, "units": 0, "fallback_splits": 0}
+    assert chunks == [] and stats == {"parse_errors": False, "brace_fallback": False, "units": 0, "fallback_splits": 0}
     text = "  \n\n\t\n"
     check(text, split_document(text, "cpp", count, 1), count, 1)
 
@@ -264,3 +264,63 @@ def test_data_arrays_cut_at_line_ends():
     chunks = split_document(text, "c", count, budget)
     check(text, chunks, count, budget)
     assert len(chunks) > 10 and all(text[c.start - 1] == "\n" for c in chunks[1:])
+
+
+# ----------------------------------------------------------------------------- brace fallback, buckets
+
+from megacpp_core.chunk import BUCKETS, brace_cuts, bucket_for, parse_source  # noqa: E402
+
+MACRO_FILE = (
+    "#include <x.h>\n"
+    "EXPORT_BEGIN(ns)\n"  # an unexpanded macro: tree-sitter makes ERROR nodes around it
+    "API int f(int a) { const char* s = \"{{\"; char c = '}'; /* } */ return a; }\n"
+    "API int g(int b) {\n  if (b) {\n    return 1;\n  }\n  return 2;\n}\n"
+    "struct S { int x; };\n"
+    "EXPORT_END(ns)\n"
+)
+
+
+def test_brace_cuts_skip_literals_and_comments():
+    text = MACRO_FILE
+    cuts = brace_cuts(text, 0, len(text))
+    lines = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    assert lines[0] == "#include <x.h>\n"
+    assert any(x.startswith("EXPORT_BEGIN(ns)\nAPI int f") and x.endswith("return a; }\n") for x in lines)
+    assert any(x.startswith("API int g") and x.endswith("return 2;\n}\n") for x in lines)
+    assert "struct S { int x; };\n" in lines
+    raw = 'auto s = R"x(} ; {)x";\nint z;\n'
+    assert brace_cuts(raw, 0, len(raw)) == [raw.index("int z")]
+    assert brace_cuts("}}} int a;\nint b;\n", 0, 17) == [11]  # unmatched closers clamp at depth 0
+
+
+def test_error_files_use_the_brace_splitter():
+    parsed = parse_source(MACRO_FILE, "cpp")
+    assert parsed.has_error_nodes
+    chunks, stats = split_document_with_stats(MACRO_FILE, "cpp", count, 40, "m.cpp", parsed)
+    check(MACRO_FILE, chunks, count, 40)
+    assert stats["brace_fallback"] and all(c.kind == "OTHER" for c in chunks)
+    ends = {c.end for c in chunks}
+    assert MACRO_FILE.index("API int g") in ends  # a depth-0 boundary
+    clean, stats = split_document_with_stats("int f() { return 1; }\n", "cpp", count, 40)
+    assert not stats["brace_fallback"]
+    missing_only = parse_source("int f() { return 1 }\n", "cpp")  # a MISSING ';', no ERROR node
+    assert missing_only.tree.root_node.has_error and not missing_only.has_error_nodes
+
+
+def test_oversized_brace_unit_splits_at_statements():
+    body = "".join(f"  x += {i};\n" for i in range(40))
+    text = "MACRO(a)\nint f(int x) {\n" + body + "  return x;\n}\n"
+    assert parse_source(text, "cpp").has_error_nodes
+    chunks, stats = split_document_with_stats(text, "cpp", count, 30, "big.cpp")
+    check(text, chunks, count, 30)
+    assert stats["brace_fallback"] and len(chunks) > 2
+    for c in chunks[1:-1]:  # inner cuts fall after whole statements
+        assert text[c.end - 2:c.end] == ";\n"
+
+
+def test_buckets():
+    assert BUCKETS == (4096, 8192, 16384, 65536, 131072)
+    assert bucket_for(1) == 4096 and bucket_for(4096) == 4096 and bucket_for(4097) == 8192
+    assert bucket_for(16385) == 65536 and bucket_for(131072) == 131072
+    with pytest.raises(ValueError):
+        bucket_for(131073)

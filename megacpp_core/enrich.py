@@ -1,0 +1,528 @@
+"""Stage 6 enrichment (SPEC §4 "Enrichment"): structure columns of each document, per character.
+
+One tree-sitter parse of a file (shared with the chunker, :class:`chunk.ParsedSource`) gives:
+
+- **Per-character planes** (numpy uint8, one value per ``str`` character of the file):
+  ``structure`` (:class:`~megacpp_core.chunk.StructureCategory` 0..8), ``ast_depth``
+  (depth of the innermost named node holding the character, root 0, clamped 63),
+  ``sibling_index`` (its index among its parent's named children, clamped 63) and
+  ``ast_node_type`` (its 256-bucket type from the versioned map of
+  :mod:`megacpp_core.ast_types`). Stage 8 samples them per token
+  (:func:`megacpp_core.tokenize.align_document`).
+- **Units**: the file tiled into top-level declarations — the chunker's units (leading
+  comments attached), recursing into namespace and ``extern "C"`` bodies, whose opening
+  and closing lines become units of their own. Each unit has a kind (StructureCategory
+  name), a name, the function and type names it defines, the functions it calls and the
+  types it uses (base classes, member types, parameter types).
+- **Per document** (:func:`document_enrichment`): the units overlapping the document,
+  clipped to it, as its chunk list; ``call_edges`` and ``type_edges`` between them; and a
+  ``dep_level`` per chunk.
+
+Structure categories are painted outer node first, inner node over it: comments →
+COMMENT; ``#include``/``#define``/``#pragma`` lines and the directive lines of ``#if``
+blocks → PREAMBLE; a function definition → FUNC_SIGNATURE up to its body, the body →
+FUNC_BODY; a function declaration (prototype) → FUNC_SIGNATURE; a class, struct, union or
+enum with a body → CLASS_DECL, its fields, enumerators and member declarations →
+CLASS_MEMBER (inline methods paint their own signature and body); ``typedef``/``using`` →
+TYPEDEF; a namespace → NAMESPACE for its header and braces, its body's contents start
+again from OTHER; everything else → OTHER.
+
+Edges (SPEC §4): a call edge ``i -> j`` when chunk ``i`` calls, by name, a function
+defined in chunk ``j`` of the same document (overloads and same-named methods all match:
+resolution is by name, the libclang lane resolves exactly); a type edge ``i -> j`` when
+chunk ``i`` names, as a base class, a member type or a parameter type, a class, struct,
+union, enum or typedef defined in chunk ``j``. Self edges are dropped; edge lists are
+sorted and unique.
+
+Output depends only on the text and language (deterministic).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import tree_sitter
+import tree_sitter_c
+import tree_sitter_cpp
+
+from . import ast_types, chunk
+from .chunk import ParsedSource, StructureCategory
+
+__all__ = [
+    "ENRICHMENT_VERSION",
+    "MAX_DEPTH",
+    "Unit",
+    "FileEnrichment",
+    "DocumentEnrichment",
+    "enrich_file",
+    "document_enrichment",
+    "dep_levels",
+]
+
+#: Version of the enrichment rules; recorded with every enriched artifact.
+ENRICHMENT_VERSION = "v1"
+#: Clamp of ``ast_depth`` and ``sibling_index`` (SPEC §4: "clamped 63").
+MAX_DEPTH = 63
+
+_S = StructureCategory
+_PREAMBLE = {"preproc_include", "preproc_def", "preproc_function_def", "preproc_call"}
+_PREPROC_BLOCKS = {"preproc_if", "preproc_ifdef", "preproc_elif", "preproc_else", "preproc_elifdef"}
+_CLASSLIKE = {"class_specifier", "struct_specifier", "union_specifier", "enum_specifier"}
+_MEMBERS = {"field_declaration", "enumerator", "friend_declaration", "using_declaration", "static_assert_declaration"}
+_TYPEDEFS = {"type_definition", "alias_declaration"}
+_CONTAINERS = {"namespace_definition", "linkage_specification"}
+#: Nodes whose subtree names types that count as type uses (base classes, members, parameters).
+_TYPE_CONTEXTS = {"base_class_clause", "field_declaration", "parameter_declaration",
+                  "optional_parameter_declaration", "variadic_parameter_declaration"}
+_SPECIAL = (_PREAMBLE | _PREPROC_BLOCKS | _CLASSLIKE | _MEMBERS | _TYPEDEFS | _CONTAINERS | _TYPE_CONTEXTS
+            | {"comment", "function_definition", "declaration", "template_declaration", "call_expression",
+               "type_identifier", "compound_statement", "declaration_list", "field_declaration_list"})
+
+
+@functools.lru_cache(maxsize=None)
+def _kind_names(grammar: str) -> dict[int, str]:
+    """``kind_id -> type`` for the named node kinds of :data:`_SPECIAL` (all alias ids)."""
+    lang = tree_sitter.Language(tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language())
+    out = {}
+    for i in range(lang.node_kind_count):
+        name = lang.node_kind_for_id(i)
+        if name in _SPECIAL and lang.node_kind_is_named(i):
+            out[i] = name
+    return out
+
+
+def _last_name(text: str) -> str:
+    """``ns::Foo<int>::bar`` -> ``bar``: the last ``::`` component without template arguments."""
+    depth, cut = 0, len(text)
+    for i in range(len(text) - 1, -1, -1):  # strip a trailing template argument list
+        ch = text[i]
+        if ch == ">":
+            depth += 1
+        elif ch == "<":
+            depth -= 1
+            if depth == 0:
+                cut = i
+                break
+        elif depth == 0:
+            break
+    text = text[:cut] if cut < len(text) and text.endswith(">") else text
+    return text.rsplit("::", 1)[-1].strip()
+
+
+def _declarator_name(node) -> str | None:
+    """Name declared by a (possibly nested) declarator, last ``::`` component:
+    ``*(*f)(int)`` -> ``f``, ``Canvas::total() const`` -> ``total``."""
+    text = chunk.declarator_identifier(node)
+    return (_last_name(text) or None) if text else None
+
+
+def _is_function_declarator(node) -> bool:
+    while node is not None:
+        if node.type == "function_declarator":
+            return True
+        node = node.child_by_field_name("declarator")
+    return False
+
+
+def _callee_name(call) -> str | None:
+    """Called function's name of a ``call_expression``: ``f``, ``ns::f``, ``obj.f``, ``f<T>``."""
+    fn = call.child_by_field_name("function")
+    while fn is not None:
+        t = fn.type
+        if t in ("identifier", "field_identifier"):
+            return fn.text.decode("utf-8", "replace")
+        if t == "field_expression":
+            fn = fn.child_by_field_name("field")
+        elif t in ("qualified_identifier", "template_function", "template_method"):
+            fn = fn.child_by_field_name("name")
+        elif t == "parenthesized_expression":
+            fn = fn.named_children[0] if fn.named_children else None
+        else:
+            return None
+    return None
+
+
+@dataclass
+class Unit:
+    """One top-level declaration of a file: ``[start, end)`` in ``str`` offsets.
+
+    ``kind`` is a StructureCategory name, ``name`` the declared name (or None).
+    ``defines`` / ``types`` map defined function / type names to the ``str`` offset of the
+    definition; ``calls`` / ``uses`` list ``(offset, name)`` of call sites and type uses.
+    """
+
+    start: int
+    end: int
+    kind: str
+    name: str | None
+    defines: list[tuple[int, str]] = field(default_factory=list)
+    types: list[tuple[int, str]] = field(default_factory=list)
+    calls: list[tuple[int, str]] = field(default_factory=list)
+    uses: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass
+class FileEnrichment:
+    """Result of :func:`enrich_file`: per-character planes (uint8, ``len(text)`` each) and units."""
+
+    structure: np.ndarray
+    ast_depth: np.ndarray
+    sibling_index: np.ndarray
+    ast_node_type: np.ndarray
+    units: list[Unit]
+
+
+@dataclass
+class DocumentEnrichment:
+    """Structure of one document ``[start, end)`` of a file (offsets relative to the document).
+
+    ``chunks``: list of dicts ``{start, end, kind, name, dep_level}`` in ``str`` offsets,
+    in order, non-overlapping; ``call_edges`` / ``type_edges``: sorted unique lists of
+    ``{"from": i, "to": j}`` chunk indices; ``planes``: the four per-character planes of
+    :class:`FileEnrichment` sliced to the document (bytes, one per character).
+    """
+
+    chunks: list[dict]
+    call_edges: list[dict]
+    type_edges: list[dict]
+    planes: dict[str, bytes]
+
+
+class _Walk:
+    """One pre-order walk over the tree collecting node arrays (every node, named or
+    anonymous: ``(start_byte, end_byte, parent, depth, sibling index, kind_id)``) and the
+    special nodes of the structure, edge and name rules."""
+
+    def __init__(self, parsed: ParsedSource):
+        kinds = _kind_names(parsed.grammar)
+        starts, ends, parents, depths, sibs, kind_ids = [], [], [], [], [], []
+        self.paint: list[tuple[int, int, int]] = []  # (start_byte, end_byte, category) in pre-order
+        self.calls: list[tuple[int, str]] = []
+        self.uses: list[tuple[int, str]] = []
+        self.fn_defs: list[tuple[int, str]] = []
+        self.type_defs: list[tuple[int, str]] = []
+        src = parsed.src
+        c = parsed.tree.walk()
+        named_parent = [-1]  # the parent of the nodes at the current level
+        sib_count = [0]
+        in_types = [False]  # inside a base-class / member / parameter declaration
+        in_class = [False]  # directly inside a class body (members)
+        while True:
+            node = c.node
+            me = len(starts)
+            sb, eb = node.start_byte, node.end_byte
+            starts.append(sb)
+            ends.append(eb)
+            parents.append(named_parent[-1])
+            depths.append(len(named_parent) - 1)
+            sibs.append(sib_count[-1])
+            sib_count[-1] += 1
+            kid = node.kind_id
+            kind_ids.append(kid)
+            t = kinds.get(kid)
+            ctx, cls = in_types[-1], False
+            if t is not None:
+                ctx, cls = self._special(node, t, sb, eb, src, ctx, in_class[-1])
+            if c.goto_first_child():
+                named_parent.append(me)
+                sib_count.append(0)
+                in_types.append(ctx)
+                in_class.append(cls)
+                continue
+            while not c.goto_next_sibling():
+                if not c.goto_parent():
+                    break
+                named_parent.pop()
+                sib_count.pop()
+                in_types.pop()
+                in_class.pop()
+            else:
+                continue
+            break
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self.ends = np.asarray(ends, dtype=np.int64)
+        self.parents = np.asarray(parents, dtype=np.int64)
+        self.depths = np.asarray(depths, dtype=np.int64)
+        self.sibs = np.asarray(sibs, dtype=np.int64)
+        self.kind_ids = np.asarray(kind_ids, dtype=np.int64)
+
+    def _special(self, node, t: str, sb: int, eb: int, src: bytes, ctx: bool, in_class: bool) -> tuple[bool, bool]:
+        """Record what ``node`` of type ``t`` contributes; return (type context, class body)
+        for its children."""
+        paint = self.paint
+        if t == "comment":
+            paint.append((sb, eb, _S.COMMENT))
+        elif t in _PREAMBLE:
+            paint.append((sb, eb, _S.PREAMBLE))
+        elif t in _PREPROC_BLOCKS:
+            nl = src.find(b"\n", sb, eb)
+            paint.append((sb, eb if nl < 0 else nl, _S.PREAMBLE))
+            if t != "preproc_elif" and t != "preproc_else" and t != "preproc_elifdef":
+                last = src.rfind(b"\n", sb, eb - 1) + 1
+                if src.startswith(b"#endif", last) or src[last:eb].lstrip().startswith(b"#endif"):
+                    paint.append((last, eb, _S.PREAMBLE))
+        elif t == "function_definition":
+            body = node.child_by_field_name("body")
+            paint.append((sb, eb, _S.FUNC_SIGNATURE))
+            if body is not None:
+                paint.append((body.start_byte, body.end_byte, _S.FUNC_BODY))
+            name = _declarator_name(node.child_by_field_name("declarator"))
+            if name:
+                self.fn_defs.append((sb, name))
+        elif t == "template_declaration":
+            inner = [ch for ch in node.named_children if ch.type == "function_definition"]
+            if inner:
+                paint.append((sb, inner[-1].start_byte, _S.FUNC_SIGNATURE))
+        elif t in _CLASSLIKE:
+            if node.child_by_field_name("body") is not None:
+                paint.append((sb, eb, _S.CLASS_DECL))
+                name = node.child_by_field_name("name")
+                if name is not None:
+                    self.type_defs.append((sb, _last_name(name.text.decode("utf-8", "replace"))))
+        elif t == "declaration":
+            typ = node.child_by_field_name("type")
+            if typ is not None and typ.type in _CLASSLIKE and typ.child_by_field_name("body") is not None:
+                paint.append((sb, eb, _S.CLASS_DECL))
+            elif _is_function_declarator(node.child_by_field_name("declarator")):
+                paint.append((sb, eb, _S.CLASS_MEMBER if in_class else _S.FUNC_SIGNATURE))
+            elif in_class:
+                paint.append((sb, eb, _S.CLASS_MEMBER))
+        elif t in _MEMBERS:
+            paint.append((sb, eb, _S.CLASS_MEMBER))
+        elif t in _TYPEDEFS:
+            paint.append((sb, eb, _S.TYPEDEF))
+            if t == "alias_declaration":
+                name = node.child_by_field_name("name")
+                if name is not None:
+                    self.type_defs.append((sb, _last_name(name.text.decode("utf-8", "replace"))))
+            else:
+                for d in node.children_by_field_name("declarator"):
+                    name = _declarator_name(d)
+                    if name:
+                        self.type_defs.append((sb, name))
+        elif t == "namespace_definition":
+            paint.append((sb, eb, _S.NAMESPACE))
+            body = node.child_by_field_name("body")
+            if body is not None and body.end_byte - body.start_byte >= 2:
+                paint.append((body.start_byte + 1, body.end_byte - 1, _S.OTHER))
+        elif t == "call_expression":
+            name = _callee_name(node)
+            if name:
+                self.calls.append((sb, name))
+        elif t == "type_identifier":
+            if ctx:
+                self.uses.append((sb, node.text.decode("utf-8", "replace")))
+        if t in _TYPE_CONTEXTS:
+            return True, False
+        if t == "compound_statement":
+            return False, False
+        if t == "field_declaration_list":
+            return ctx, True
+        return ctx, False
+
+
+def _ast_planes(parsed: ParsedSource, w: _Walk, char_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-character (depth, sibling index, node-type bucket) of the innermost node.
+
+    For nested intervals in pre-order, the last node starting at or before a position
+    holds it unless it ended before; then an ancestor does (walk up, vectorized).
+    Characters outside every named node get 0 in all three planes.
+    """
+    n = len(char_bytes)
+    if not len(w.starts) or not n:
+        z = np.zeros(n, dtype=np.uint8)
+        return z, z.copy(), z.copy()
+    idx = np.searchsorted(w.starts, char_bytes, side="right") - 1
+    live = idx >= 0
+    while True:
+        safe = np.where(idx >= 0, idx, 0)
+        out = live & (w.ends[safe] <= char_bytes)
+        if not out.any():
+            break
+        idx = np.where(out, w.parents[safe], idx)
+        live = idx >= 0
+    safe = np.where(idx >= 0, idx, 0)
+    depth = np.minimum(w.depths[safe], MAX_DEPTH).astype(np.uint8)
+    sib = np.minimum(w.sibs[safe], MAX_DEPTH).astype(np.uint8)
+    table = ast_types.bucket_table(parsed.grammar)
+    kid = w.kind_ids[safe]
+    known = kid < len(table)
+    typ = np.where(known, table[np.where(known, kid, 0)], ast_types.ERROR_BUCKET).astype(np.uint8)
+    for a in (depth, sib, typ):
+        a[~live] = 0
+    return depth, sib, typ
+
+
+def _units(parsed: ParsedSource) -> list[tuple[int, int, str, str | None]]:
+    """Top-level units ``(start, end, kind, name)`` tiling the file, namespaces opened."""
+    s = chunk._Splitter(parsed, len, 1 << 62, "")
+    text = parsed.text
+    out: list[tuple[int, int, str, str | None]] = []
+
+    def walk(groups: list[tuple], lo: int, hi: int) -> None:
+        for p in s.tile(groups, lo, hi):
+            main = p.nodes[chunk._main(p.nodes)] if p.nodes else None
+            body = main.child_by_field_name("body") if main is not None and main.type in _CONTAINERS else None
+            if body is not None and (body.type != "declaration_list" or body.start_byte >= body.end_byte):
+                body = None
+            inner = s.groups(body) if body is not None else []
+            if body is None or not inner:
+                kind, name = s.kind(p.nodes)
+                if name and kind == _S.TYPEDEF:
+                    name = _last_name(name)
+                if kind == _S.OTHER and main is not None and main.type == "declaration" \
+                        and _is_function_declarator(main.child_by_field_name("declarator")):
+                    kind, name = _S.FUNC_SIGNATURE, _declarator_name(main.child_by_field_name("declarator"))
+                out.append((p.start, p.end, kind.name, name))
+                continue
+            kind, name = s.kind((main,)) if main.type == "namespace_definition" else (_S.OTHER, None)
+            ob, cb = s.span(body)  # ob: the opening brace
+            first, last = s.span(inner[0][0])[0], s.span(inner[-1][-1])[1]
+            in_lo = min(max(s.cut(ob + 1, first), p.start), first)
+            close = cb - 1 if text[cb - 1:cb] == "}" else cb
+            in_hi = s.cut(last, close) if last <= close else last
+            in_hi = max(in_lo, min(in_hi, p.end))
+            if p.start < in_lo:
+                out.append((p.start, in_lo, kind.name, name))
+            walk(inner, in_lo, in_hi)
+            if in_hi < p.end:
+                out.append((in_hi, p.end, kind.name, name))
+
+    root = parsed.tree.root_node
+    walk(s.groups(root), 0, len(text))
+    if not out and text:
+        out.append((0, len(text), _S.OTHER.name, None))
+    return out
+
+
+def enrich_file(text: str, language: str, parsed: ParsedSource | None = None) -> FileEnrichment:
+    """Per-character planes and units of one file (see the module docstring).
+
+    ``language`` is a stage-1 label (:data:`megacpp_core.chunk.LANGUAGES`); ``parsed`` the
+    file's :class:`ParsedSource` when the chunker already has it. Planes are numpy uint8
+    arrays of ``len(text)`` (``str`` characters). Raises ``ValueError`` for an unknown
+    language or a ``parsed`` of another text.
+    """
+    parsed = parsed or chunk.parse_source(text, language)
+    if parsed.text is not text and parsed.text != text:
+        raise ValueError("the parsed source is not this text")
+    w = _Walk(parsed)
+    nb = len(parsed.src)
+    if parsed.b2c is None:
+        char_bytes = np.arange(len(text), dtype=np.int64)
+    else:
+        char_bytes = np.flatnonzero((np.frombuffer(parsed.src, np.uint8) & 0xC0) != 0x80).astype(np.int64)
+    byte_plane = np.zeros(nb, dtype=np.uint8)
+    for sb, eb, v in w.paint:
+        byte_plane[sb:eb] = v
+    structure = byte_plane[char_bytes] if nb else np.zeros(0, np.uint8)
+    depth, sib, typ = _ast_planes(parsed, w, char_bytes)
+
+    units = [Unit(a, b, k, n) for a, b, k, n in _units(parsed)]
+    if units:
+        ustarts = np.asarray([u.start for u in units], dtype=np.int64)
+
+        def assign(items: list[tuple[int, str]], attr: str) -> None:
+            if not items:
+                return
+            pos = parsed.chars(np.asarray([b for b, _ in items], dtype=np.int64))
+            which = np.searchsorted(ustarts, pos, side="right") - 1
+            for (_, name), p, u in zip(items, pos.tolist(), which.tolist()):
+                getattr(units[max(u, 0)], attr).append((p, name))
+
+        assign(w.fn_defs, "defines")
+        assign(w.type_defs, "types")
+        assign(w.calls, "calls")
+        assign(w.uses, "uses")
+    return FileEnrichment(structure, depth, sib, typ, units)
+
+
+def dep_levels(n: int, edges: list[tuple[int, int]]) -> list[int]:
+    """BFS depth of each of ``n`` chunks in a document's dependency graph.
+
+    ``edges`` are ``(user, dependency)`` pairs (call and type edges, ``from -> to``).
+    Rule: the roots are the chunks nothing in the document depends on (in-degree 0); they
+    get level 0 and a breadth-first search from all of them at once gives every reachable
+    chunk its shortest distance from a root. Chunks reachable only through a cycle (mutual
+    recursion with no outside user) are left over: the first of them in document order
+    becomes a new root at level 0 and the search continues, until every chunk has a level.
+    So a function used by nothing else is 0, what it calls is 1, and so on; in a cycle
+    entered from outside, each member gets its distance from that entry. Deterministic.
+    """
+    out_adj: list[list[int]] = [[] for _ in range(n)]
+    indeg = [0] * n
+    for a, b in sorted(set(edges)):
+        if a != b:
+            out_adj[a].append(b)
+            indeg[b] += 1
+    level = [-1] * n
+    queue: deque[int] = deque()
+    for i in range(n):
+        if indeg[i] == 0:
+            level[i] = 0
+            queue.append(i)
+
+    def bfs() -> None:
+        while queue:
+            u = queue.popleft()
+            for v in out_adj[u]:
+                if level[v] < 0:
+                    level[v] = level[u] + 1
+                    queue.append(v)
+
+    bfs()
+    for i in range(n):
+        if level[i] < 0:
+            level[i] = 0
+            queue.append(i)
+            bfs()
+    return level
+
+
+def document_enrichment(fe: FileEnrichment, start: int, end: int) -> DocumentEnrichment:
+    """The structure of the document ``text[start:end]`` of a file enriched as ``fe``.
+
+    Chunks are the units overlapping ``[start, end)`` clipped to it, with offsets relative
+    to ``start``; definitions, calls and type uses count only where they lie inside the
+    document. Raises ``ValueError`` for an empty or out-of-range span.
+    """
+    n = len(fe.structure)
+    if not 0 <= start < end <= n:
+        raise ValueError(f"document span [{start}, {end}) outside the file's {n} characters")
+    chunks: list[dict] = []
+    picked: list[Unit] = []
+    for u in fe.units:
+        if u.end <= start or u.start >= end:
+            continue
+        chunks.append({"start": max(u.start, start) - start, "end": min(u.end, end) - start,
+                       "kind": u.kind, "name": u.name, "dep_level": 0})
+        picked.append(u)
+    inside = lambda p: start <= p < end  # noqa: E731
+    fn_at: dict[str, list[int]] = {}
+    ty_at: dict[str, list[int]] = {}
+    for i, u in enumerate(picked):
+        for p, name in u.defines:
+            if inside(p):
+                fn_at.setdefault(name, []).append(i)
+        for p, name in u.types:
+            if inside(p):
+                ty_at.setdefault(name, []).append(i)
+    calls: set[tuple[int, int]] = set()
+    types: set[tuple[int, int]] = set()
+    for i, u in enumerate(picked):
+        for p, name in u.calls:
+            if inside(p):
+                calls.update((i, j) for j in fn_at.get(name, ()) if j != i)
+        for p, name in u.uses:
+            if inside(p):
+                types.update((i, j) for j in ty_at.get(name, ()) if j != i)
+    levels = dep_levels(len(chunks), list(calls | types))
+    for c, lv in zip(chunks, levels):
+        c["dep_level"] = lv
+    planes = {name: getattr(fe, name)[start:end].tobytes()
+              for name in ("structure", "ast_depth", "sibling_index", "ast_node_type")}
+    return DocumentEnrichment(chunks, [{"from": a, "to": b} for a, b in sorted(calls)],
+                              [{"from": a, "to": b} for a, b in sorted(types)], planes)

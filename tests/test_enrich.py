@@ -1,0 +1,201 @@
+"""Stage 6 enrichment (megacpp_core.enrich): units, structure and AST planes, edges, dep_level.
+
+The fixtures under ``tests/fixtures/enrich`` were checked by hand; their chunk lists and
+edges are pinned literally below.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megacpp_core import ast_types, chunk, enrich
+from megacpp_core.chunk import StructureCategory as S
+
+FIXTURES = Path(__file__).parent / "fixtures" / "enrich"
+
+
+def load(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def whole(name: str, language: str):
+    text = load(name)
+    fe = enrich.enrich_file(text, language)
+    return text, fe, enrich.document_enrichment(fe, 0, len(text))
+
+
+def named_edges(doc, column: str) -> list[tuple[str, str]]:
+    label = lambda i: f"{i}:{doc.chunks[i]['name']}"  # noqa: E731
+    return [(label(e["from"]), label(e["to"])) for e in getattr(doc, column)]
+
+
+# ----------------------------------------------------------------------------- pinned fixtures
+
+def test_shapes_cpp_chunks_edges_levels():
+    text, fe, doc = whole("shapes.cpp", "cpp")
+    assert [(c["kind"], c["name"], c["dep_level"]) for c in doc.chunks] == [
+        ("PREAMBLE", None, 0), ("PREAMBLE", None, 0), ("NAMESPACE", "geo", 0),
+        ("CLASS_DECL", "Point", 3), ("CLASS_DECL", "Shape", 2), ("FUNC_SIGNATURE", "scale", 0),
+        ("CLASS_DECL", "Circle", 1), ("CLASS_DECL", "Canvas", 1), ("FUNC_BODY", "Canvas::total", 1),
+        ("FUNC_BODY", "scale", 2), ("FUNC_BODY", "norm", 3), ("NAMESPACE", "geo", 0), ("FUNC_BODY", "main", 0),
+    ]
+    # calls by name: Circle::area -> scale; total() -> area (defined in Circle); scale <-> norm;
+    # main -> Circle (constructor), Canvas (add), Canvas::total
+    assert named_edges(doc, "call_edges") == [
+        ("6:Circle", "9:scale"), ("8:Canvas::total", "6:Circle"), ("9:scale", "10:norm"), ("10:norm", "9:scale"),
+        ("12:main", "6:Circle"), ("12:main", "7:Canvas"), ("12:main", "8:Canvas::total"),
+    ]
+    # member Point origin; base class Shape; vector<Circle> member + const Circle& parameter; Point parameter
+    assert named_edges(doc, "type_edges") == [
+        ("4:Shape", "3:Point"), ("6:Circle", "4:Shape"), ("7:Canvas", "6:Circle"), ("10:norm", "3:Point"),
+    ]
+    # chunks tile the file in order
+    assert doc.chunks[0]["start"] == 0 and doc.chunks[-1]["end"] == len(text)
+    assert all(a["end"] == b["start"] for a, b in zip(doc.chunks, doc.chunks[1:]))
+
+
+def test_ring_c_typedef_names_and_cycle_rule():
+    _, _, doc = whole("ring.c", "c")
+    assert [(c["kind"], c["name"]) for c in doc.chunks][3:] == [
+        ("TYPEDEF", "ring_t"), ("TYPEDEF", "ring_visit"), ("FUNC_BODY", "ring_next"), ("FUNC_BODY", "ring_full"),
+        ("FUNC_BODY", "ring_push"), ("FUNC_BODY", "ring_walk"), ("FUNC_SIGNATURE", "is_even"),
+        ("FUNC_BODY", "is_odd"), ("FUNC_BODY", "is_even"),
+    ]
+    assert named_edges(doc, "call_edges") == [
+        ("6:ring_full", "5:ring_next"), ("7:ring_push", "5:ring_next"), ("7:ring_push", "6:ring_full"),
+        ("8:ring_walk", "5:ring_next"), ("10:is_odd", "11:is_even"), ("11:is_even", "10:is_odd"),
+    ]
+    assert named_edges(doc, "type_edges") == [
+        ("6:ring_full", "3:ring_t"), ("7:ring_push", "3:ring_t"), ("8:ring_walk", "3:ring_t"),
+        ("8:ring_walk", "4:ring_visit"),
+    ]
+    levels = {c["name"]: c["dep_level"] for c in doc.chunks if c["kind"] == "FUNC_BODY"}
+    # roots: ring_push and ring_walk; a mutual recursion nothing else calls: first in
+    # document order (is_odd) becomes a root at 0, is_even is 1
+    assert levels == {"ring_next": 1, "ring_full": 1, "ring_push": 0, "ring_walk": 0, "is_odd": 0, "is_even": 1}
+
+
+def test_templates_and_nested_namespaces():
+    _, _, doc = whole("tmpl.hpp", "header")
+    assert [(c["kind"], c["name"]) for c in doc.chunks] == [
+        ("PREAMBLE", None), ("PREAMBLE", None), ("NAMESPACE", "util"), ("NAMESPACE", "detail"),
+        ("CLASS_DECL", "Node"), ("NAMESPACE", "detail"), ("CLASS_DECL", "Stack"), ("FUNC_BODY", "twice"),
+        ("TYPEDEF", "IntStack"), ("FUNC_BODY", "sum_twice"), ("NAMESPACE", "util"),
+    ]
+    assert named_edges(doc, "call_edges") == [("9:sum_twice", "7:twice")]
+    assert named_edges(doc, "type_edges") == [("6:Stack", "4:Node")]
+
+
+# ----------------------------------------------------------------------------- structure plane
+
+def cats(text: str, fe, needle: str, occurrence: int = 0) -> set[int]:
+    at = -1
+    for _ in range(occurrence + 1):
+        at = text.index(needle, at + 1)
+    return {int(v) for v in fe.structure[at:at + len(needle)]}
+
+
+def test_structure_categories_per_character():
+    text, fe, _ = whole("shapes.cpp", "cpp")
+    assert len(fe.structure) == len(text) and fe.structure.dtype == np.uint8
+    assert cats(text, fe, "#include <cmath>") == {S.PREAMBLE}
+    assert cats(text, fe, "// Geometry primitives.") == {S.COMMENT}
+    assert cats(text, fe, "namespace geo {") == {S.NAMESPACE}
+    assert cats(text, fe, "double x;") == {S.CLASS_MEMBER}
+    assert cats(text, fe, "class Canvas {") == {S.CLASS_DECL}
+    assert cats(text, fe, "double scale(double v);") == {S.FUNC_SIGNATURE}  # prototype
+    assert cats(text, fe, "double scale(double v) ") == {S.FUNC_SIGNATURE}
+    assert cats(text, fe, "return v * norm(Point{v, v});") == {S.FUNC_BODY}
+    assert cats(text, fe, "void add(const Circle& c) ") == {S.FUNC_SIGNATURE}  # inline method
+    assert cats(text, fe, "shapes_.push_back(c);") == {S.FUNC_BODY}
+    assert cats(text, fe, "int main() ") == {S.FUNC_SIGNATURE}
+    tmpl = load("tmpl.hpp")
+    fe2 = enrich.enrich_file(tmpl, "header")
+    assert cats(tmpl, fe2, "using IntStack = Stack<int>;") == {S.TYPEDEF}
+    assert cats(tmpl, fe2, "#pragma once") == {S.PREAMBLE}
+
+
+# ----------------------------------------------------------------------------- AST planes
+
+def test_ast_planes_clamp_and_buckets():
+    deep = "int f() { return " + "(" * 100 + "1" + ")" * 100 + "; }\n"
+    wide = "int a[] = {" + ", ".join(str(i) for i in range(100)) + "};\n"
+    text = deep + wide
+    fe = enrich.enrich_file(text, "c")
+    assert fe.ast_depth.max() == enrich.MAX_DEPTH == 63
+    assert fe.sibling_index.max() == 63
+    one = deep.index("1")
+    assert fe.ast_depth[one] == 63
+    plus = "int g(int v) { return v + v; }\n"
+    fe = enrich.enrich_file(plus, "cpp")
+    assert 50 <= fe.ast_node_type[plus.index("+")] <= 59  # operators
+    num = "int h() { return 42; }\n"
+    fe = enrich.enrich_file(num, "cpp")
+    assert 40 <= fe.ast_node_type[num.index("42")] <= 49  # literals
+    assert 30 <= fe.ast_node_type[num.index("int")] <= 39  # types
+
+
+def test_error_nodes_get_the_error_bucket():
+    text = "int f( { return 1; }\n}}}\n@@ $$\n"
+    fe = enrich.enrich_file(text, "cpp")
+    assert ast_types.ERROR_BUCKET in set(fe.ast_node_type.tolist())
+    assert len(fe.structure) == len(text)
+
+
+def test_non_ascii_planes_are_per_character():
+    text = "// héllo wörld ✓\nint f() { return 1; }  // ∑\n"
+    fe = enrich.enrich_file(text, "cpp")
+    for plane in (fe.structure, fe.ast_depth, fe.sibling_index, fe.ast_node_type):
+        assert len(plane) == len(text)
+    assert fe.structure[text.index("✓")] == S.COMMENT
+    assert fe.structure[text.index("return")] == S.FUNC_BODY
+
+
+# ----------------------------------------------------------------------------- documents
+
+def test_document_slices_and_clipping():
+    text, fe, _ = whole("shapes.cpp", "cpp")
+    start, end = text.index("class Circle"), text.index("\ndouble scale(double v) {")
+    doc = enrich.document_enrichment(fe, start, end)
+    assert doc.chunks[0]["start"] == 0 and doc.chunks[-1]["end"] == end - start
+    assert [c["name"] for c in doc.chunks] == ["Circle", "Canvas", "Canvas::total"]
+    # scale is outside this document: Circle's call to it has no edge here
+    assert named_edges(doc, "call_edges") == [("2:Canvas::total", "0:Circle")]
+    for name, plane in doc.planes.items():
+        assert len(plane) == end - start, name
+    with pytest.raises(ValueError):
+        enrich.document_enrichment(fe, 5, 5)
+    with pytest.raises(ValueError):
+        enrich.document_enrichment(fe, 0, len(text) + 1)
+
+
+def test_dep_levels_rule():
+    assert enrich.dep_levels(0, []) == []
+    assert enrich.dep_levels(3, []) == [0, 0, 0]
+    assert enrich.dep_levels(4, [(0, 1), (1, 2), (0, 2), (2, 3)]) == [0, 1, 1, 2]
+    assert enrich.dep_levels(3, [(0, 1), (1, 0), (2, 2)]) == [0, 1, 0]  # cycle; self edge ignored
+    assert enrich.dep_levels(4, [(3, 1), (1, 2), (2, 1)]) == [0, 1, 2, 0]
+
+
+def test_hostile_inputs_do_not_break_alignment():
+    for text, lang in (("", "c"), ("\x00\x01\x02 binary \udcff\n", "cpp"), ("x" * 200_000 + "\n", "cpp"),
+                       ("}}}}{{{{\n" * 50, "c"), ("#define A(x) x\n" * 10, "header")):
+        fe = enrich.enrich_file(text, lang)
+        assert len(fe.structure) == len(text)
+        assert sum(u.end - u.start for u in fe.units) == len(text)
+        if text:
+            doc = enrich.document_enrichment(fe, 0, len(text))
+            assert all(0 <= c["start"] < c["end"] <= len(text) for c in doc.chunks)
+
+
+def test_parsed_source_is_shared_and_checked():
+    text = load("ring.c")
+    parsed = chunk.parse_source(text, "c")
+    a = enrich.enrich_file(text, "c", parsed)
+    b = enrich.enrich_file(text, "c")
+    assert a.structure.tobytes() == b.structure.tobytes() and a.ast_node_type.tobytes() == b.ast_node_type.tobytes()
+    with pytest.raises(ValueError):
+        enrich.enrich_file(text + " ", "c", parsed)
