@@ -27,6 +27,7 @@ answer; ``"keep"`` leaves the loss alone.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -117,17 +118,31 @@ def remap_chunks(chunks: list[dict], src: np.ndarray, edges: dict[str, list[dict
     Each span becomes one span per maximal run of consecutive new positions whose old
     positions are consecutive and inside the span; pieces are sorted by new start. Edges
     (chunk indices) are rewritten to the first piece of each chunk. Returns
-    ``(chunks, edges)``.
+    ``(chunks, edges)``. ``src`` is a few contiguous runs (BOS, prefix, suffix, middle), so
+    each span is cut arithmetically at the runs' old starts — O(chunks · runs).
     """
-    inv = np.full(int(src.max()) + 1 if src.size else 0, -1, dtype=np.int64)
-    keep = src >= 0
-    inv[src[keep]] = np.flatnonzero(keep)
+    keep = np.flatnonzero(src >= 0)
+    old = src[keep]
+    # runs of consecutive old positions at consecutive new positions
+    brk = np.flatnonzero((np.diff(old) != 1) | (np.diff(keep) != 1)) + 1
+    run_new = keep[np.concatenate([[0], brk])] if keep.size else keep
+    run_old = old[np.concatenate([[0], brk])] if keep.size else old
+    run_len = np.diff(np.concatenate([np.concatenate([[0], brk]), [len(old)]])) if keep.size else old
+    order = np.argsort(run_old, kind="stable")
+    o_start, o_new, o_len = run_old[order].tolist(), run_new[order].tolist(), run_len[order].tolist()
     pieces: list[tuple[int, int, dict]] = []
     for j, c in enumerate(chunks):
-        new = inv[c["start"]:c["end"]]
-        cut = np.flatnonzero(np.diff(new) != 1) + 1
-        for run in np.split(new, cut):
-            pieces.append((int(run[0]), j, {**c, "start": int(run[0]), "end": int(run[-1]) + 1}))
+        s, e = c["start"], c["end"]
+        r = bisect.bisect_right(o_start, s) - 1
+        while s < e and 0 <= r < len(o_start):
+            rs, rn, rl = o_start[r], o_new[r], o_len[r]
+            hi = min(e, rs + rl)
+            if s < rs or s >= rs + rl:
+                raise ValueError(f"chunk {j} [{c['start']}, {c['end']}) is not covered by the permutation")
+            ns = rn + (s - rs)
+            pieces.append((ns, j, {**c, "start": ns, "end": ns + (hi - s)}))
+            s = hi
+            r += 1
     pieces.sort(key=lambda x: (x[0], x[1]))
     first: dict[int, int] = {}
     for k, (_, j, _) in enumerate(pieces):
@@ -161,12 +176,24 @@ def token_byte_table(tok) -> list[bytes]:
     return out
 
 
-def doc_comment_token_spans(ids: np.ndarray, table: list[bytes]) -> tuple[bytes, np.ndarray, list[tuple[int, int]]]:
+def doc_comment_token_spans(ids: np.ndarray, table: list[bytes], lengths: np.ndarray | None = None,
+                            text_bytes: bytes | None = None) -> tuple[bytes, np.ndarray, list[tuple[int, int]]]:
     """(text bytes of ``ids[1:]``, byte offset of every token (len(ids)+1, BOS has width
-    0), doc comments as byte spans) for one BOS-prefixed document."""
-    widths = np.fromiter((0 if k == 0 else len(table[int(t)]) for k, t in enumerate(ids)), dtype=np.int64, count=len(ids))
+    0), doc comments as byte spans) for one BOS-prefixed document. ``lengths`` (int64 byte
+    length per id) avoids a per-token length lookup; ``text_bytes``, the document's UTF-8
+    when the caller has it (stage 8 proved it equals the tokens' bytes), avoids joining
+    the tokens' bytes; it is used only when its length matches."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if lengths is None:
+        lengths = np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table))
+    widths = lengths[ids]
+    if widths.size:
+        widths[0] = 0
     offsets = np.concatenate([[0], np.cumsum(widths)])
-    text = b"".join(table[int(t)] for t in ids[1:])
+    if text_bytes is not None and len(text_bytes) == int(offsets[-1]):
+        text = text_bytes
+    else:
+        text = b"".join([table[t] for t in ids[1:].tolist()])
     return text, offsets, [(m.start(), m.end()) for m in DOC_COMMENT_RE.finditer(text)]
 
 
@@ -183,7 +210,8 @@ def describing_comment(text: bytes, comments: list[tuple[int, int]], mid_start: 
     return before[-1] if before else None
 
 
-def apply_fim(doc: pack.PackInput, cfg: FimConfig, row_length: int, byte_table: list[bytes] | None = None) -> FimResult:
+def apply_fim(doc: pack.PackInput, cfg: FimConfig, row_length: int, byte_table: list[bytes] | None = None,
+              byte_lengths: np.ndarray | None = None, text: str | None = None) -> FimResult:
     """FIM-transform one BOS-prefixed document (see the module docstring).
 
     Every token-aligned value moves with the tokens: ``ids``, ``loss_keep``, the planes
@@ -212,8 +240,9 @@ def apply_fim(doc: pack.PackInput, cfg: FimConfig, row_length: int, byte_table: 
         if byte_table is None:
             reason = "no_byte_table"
         else:
-            text, offsets, comments = doc_comment_token_spans(np.asarray(doc.ids), byte_table)
-            span = describing_comment(text, comments, int(offsets[1 + a]), int(offsets[1 + b]))
+            raw = None if text is None else text.encode("utf-8", "surrogatepass")
+            blob, offsets, comments = doc_comment_token_spans(np.asarray(doc.ids), byte_table, byte_lengths, raw)
+            span = describing_comment(blob, comments, int(offsets[1 + a]), int(offsets[1 + b]))
             if span is not None:
                 starts, ends = offsets[:-1], offsets[1:]
                 hit = (ends > span[0]) & (starts < span[1]) & (np.arange(n) > 0)
@@ -238,14 +267,19 @@ def apply_fim(doc: pack.PackInput, cfg: FimConfig, row_length: int, byte_table: 
 
 
 def apply_fim_all(docs: list[pack.PackInput], cfg: FimConfig, row_length: int,
-                  byte_table: list[bytes] | None = None) -> tuple[list[pack.PackInput], dict]:
+                  byte_table: list[bytes] | None = None, byte_lengths: np.ndarray | None = None,
+                  texts: list[str] | None = None) -> tuple[list[pack.PackInput], dict]:
     """:func:`apply_fim` over ``docs``; returns the new documents and figures
     (``fim_psm``, ``fim_spm``, ``fim_skipped_too_long``, ``fim_doc_comment_masked_tokens``,
-    ``fim_doc_comment_docs``, the config)."""
+    ``fim_doc_comment_docs``, the config). ``byte_lengths`` and ``texts`` (aligned with
+    ``docs``) are optional speed-ups for the doc-comment policy."""
     out, figs = [], {"fim_psm": 0, "fim_spm": 0, "fim_skipped_too_long": 0,
                      "fim_doc_comment_masked_tokens": 0, "fim_doc_comment_docs": 0}
-    for d in docs:
-        r = apply_fim(d, cfg, row_length, byte_table)
+    lengths = byte_lengths
+    if lengths is None and byte_table is not None:
+        lengths = np.fromiter((len(b) for b in byte_table), dtype=np.int64, count=len(byte_table))
+    for i, d in enumerate(docs):
+        r = apply_fim(d, cfg, row_length, byte_table, lengths, None if texts is None else texts[i])
         out.append(r.doc)
         if r.mode != "none":
             figs[f"fim_{r.mode}"] += 1

@@ -79,16 +79,22 @@ class PackedRowsDataset(torch.utils.data.Dataset):
 
     ``planes``: optional columns to yield, tolerant. ``features``: names from
     :data:`FEATURES`; their columns are yielded and strict. ``tokenizer_sha256`` /
-    ``vocab_size``: expected tokenizer (refuse a mismatch). Rows are held in memory as
-    numpy matrices (rows × L per column). Raises :class:`LoaderError`,
+    ``vocab_size``: expected tokenizer (refuse a mismatch). Required columns are strict:
+    a wrong length, a null, an id ≥ vocab, a row not starting with BOS, a loss_mask value
+    other than 0/1 or a ``valid_token_count`` outside [1, L] is a :class:`LoaderError`
+    naming the file and row; ``full_contract=True`` re-checks the whole SPEC §6 row
+    contract as well (``doc_ids``, ``num_docs``, targets, loss mask placement — what the
+    producer and ``megacpp verify`` already assert). Rows are held in memory as numpy
+    matrices (rows × L per column). Raises :class:`LoaderError`,
     :class:`megacpp_core.pack.IncompleteShardsError` or
     :class:`megacpp_core.pack.TokenizerMismatchError`.
     """
 
     def __init__(self, directory: str | Path, split: str = "train", *, planes: Sequence[str] = (),
                  features: Sequence[str] = (), tokenizer_sha256: str | None = None,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, full_contract: bool = False) -> None:
         self.directory = Path(directory)
+        self.full_contract = full_contract
         self.sentinel = pack.read_success(self.directory, tokenizer_sha256, vocab_size)
         unknown = sorted(set(features) - set(FEATURES))
         if unknown:
@@ -116,29 +122,57 @@ class PackedRowsDataset(torch.utils.data.Dataset):
         self.plane_data = {p: cat(p, np.uint8) for p in self.planes}
         self.structure_data = {c: [x for part in parts[c] for x in part] for c in self.structures}
 
+    #: Row columns the loader reads: what it yields (``doc_ids``, segments and positions
+    #: are derived from ``input_ids``, never read).
+    CORE_COLUMNS = ("input_ids", "target_ids", "loss_mask", "valid_token_count")
+    #: Read as well with ``full_contract=True``.
+    CONTRACT_COLUMNS = ("doc_ids", "num_docs", "slack_tokens")
+
     def _load(self, path: Path, parts: dict) -> None:
         names = pq.read_schema(path).names
         missing = [c for c in pack.ROW_SCHEMA.names if c not in names]
         if missing:
             raise LoaderError(f"{path}: required columns missing: {missing}")
-        cols = list(pack.ROW_SCHEMA.names) + [c for c in (*self.planes, *self.structures) if c in names]
-        table = pq.read_table(path, columns=cols)
+        core = list(self.CORE_COLUMNS) + (list(self.CONTRACT_COLUMNS) if self.full_contract else [])
+        table = pq.read_table(path, columns=core + [c for c in (*self.planes, *self.structures) if c in names])
+        n, L = table.num_rows, self.L
+        where = str(path)
         try:
-            pack.check_rows(table.select(pack.ROW_SCHEMA.names), self.L, self.vocab, tk.BOS_ID, tk.PAD_ID, where=str(path))
+            inp, tgt, msk = (pack._matrix(table, c, L, where) if n else np.zeros((0, L), np.uint32)
+                             for c in self.CORE_COLUMNS[:3])
+            valid = table.column("valid_token_count").to_numpy() if n else np.zeros(0, np.int32)
+            if n and self.full_contract:
+                pack.check_row_arrays(inp, tgt, msk, pack._matrix(table, "doc_ids", L, where), valid,
+                                      table.column("num_docs").to_numpy(), table.column("slack_tokens").to_numpy(),
+                                      L, self.vocab, tk.BOS_ID, tk.PAD_ID, where=where)
+            elif n:
+                self._check_strict(inp, tgt, msk, valid, where)
         except pack.RowContractError as e:
             raise LoaderError(str(e)) from e
-        n = table.num_rows
-        flat = lambda c, dt: table.column(c).combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(dt, copy=False).reshape(n, self.L)
-        parts["input_ids"].append(flat("input_ids", np.uint32))
-        parts["target_ids"].append(flat("target_ids", np.uint32))
-        parts["loss_mask"].append(flat("loss_mask", np.uint8))
-        valid = table.column("valid_token_count").to_numpy()
+        parts["input_ids"].append(inp.astype(np.uint32, copy=False))
+        parts["target_ids"].append(tgt.astype(np.uint32, copy=False))
+        parts["loss_mask"].append(msk.astype(np.uint8, copy=False))
         parts["valid"].append(valid)
-        in_valid = np.arange(self.L)[None, :] < valid[:, None]
+        in_valid = np.arange(L)[None, :] < valid[:, None]
         for p in self.planes:
             parts[p].append(self._plane(table, p, in_valid, path))
         for c in self.structures:
             parts[c].append(self._structure(table, c, path))
+
+    def _check_strict(self, inp: np.ndarray, tgt: np.ndarray, msk: np.ndarray, valid: np.ndarray, where: str) -> None:
+        """Length and range checks of the yielded columns (lengths and nulls were checked
+        by ``pack._matrix``): ids < vocab, BOS first, loss_mask in {0, 1},
+        ``valid_token_count`` in [1, L]. Raises :class:`megacpp_core.pack.RowContractError`."""
+        def fail(mask: np.ndarray, rule: str) -> None:
+            rows = np.nonzero(mask)[0]
+            if len(rows):
+                raise pack.RowContractError(f"{where}: row {int(rows[0])}: {rule}")
+
+        fail((valid < 1) | (valid > self.L), "valid_token_count outside [1, L]")
+        fail(inp[:, 0] != tk.BOS_ID, "first token is not BOS")
+        fail(inp.max(axis=1) >= self.vocab, f"input id ≥ vocab size {self.vocab}")
+        fail(tgt.max(axis=1) >= self.vocab, f"target id ≥ vocab size {self.vocab}")
+        fail(msk.max(axis=1) > 1, "loss_mask holds a value other than 0/1")
 
     def _malformed(self, column: str, path: Path, why: str) -> None:
         if column in self.strict:

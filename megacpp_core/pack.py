@@ -343,6 +343,42 @@ def _list_parts(table: pa.Table, column: str) -> tuple[np.ndarray, pa.Array]:
     return np.repeat(np.arange(len(col)), lengths), col.flatten()
 
 
+def check_row_arrays(inp: np.ndarray, tgt: np.ndarray, msk: np.ndarray, dids: np.ndarray, valid: np.ndarray,
+                     ndocs: np.ndarray, slack: np.ndarray, row_length: int, vocab_size: int, bos_id: int, pad_id: int,
+                     where: str = "rows") -> np.ndarray:
+    """The token-level part of :func:`check_rows` on [n, L] matrices (``input_ids``,
+    ``target_ids``, ``loss_mask``, ``doc_ids``) and [n] vectors (``valid_token_count``,
+    ``num_docs``, ``slack_tokens``). Returns the [n, L] bool mask of the valid prefixes;
+    raises :class:`RowContractError` naming the first violating row and rule."""
+    L = row_length
+
+    def fail(mask: np.ndarray, rule: str):
+        rows = np.nonzero(mask)[0]
+        if len(rows):
+            raise RowContractError(f"{where}: row {int(rows[0])}: {rule}")
+
+    fail((valid < 1) | (valid > L), "valid_token_count outside [1, L]")
+    fail(slack != L - valid, "slack_tokens != L - valid_token_count")
+    fail(inp.max(axis=1) >= vocab_size, f"token id ≥ vocab size {vocab_size}")
+    fail(inp[:, 0] != bos_id, "first token is not BOS")
+    in_valid = np.arange(L)[None, :] < valid[:, None]
+    fail(((inp != pad_id) & ~in_valid).any(axis=1), "non-PAD token after valid_token_count")
+    is_bos = (inp == bos_id) & in_valid
+    expect_doc = np.cumsum(is_bos, axis=1, dtype=np.int32)
+    expect_doc[~in_valid] = 0
+    fail((dids != expect_doc).any(axis=1), "doc_ids != cumsum(BOS) over the valid prefix")
+    fail(ndocs != expect_doc.max(axis=1), "num_docs != count(BOS)")
+    fail(ndocs < 1, "num_docs < 1")
+    # the next position holds a token of the same document: valid and not a BOS
+    nxt_same = np.zeros_like(in_valid)
+    nxt_same[:, :-1] = in_valid[:, 1:] & ~is_bos[:, 1:]
+    fail(((tgt[:, :-1] != np.where(nxt_same[:, :-1], inp[:, 1:], pad_id)).any(axis=1)) | (tgt[:, -1] != pad_id),
+         "target_ids is not the next in-document token")
+    fail((msk > 1).any(axis=1), "loss_mask holds a value other than 0/1")
+    fail(((msk == 1) & ~nxt_same).any(axis=1), "loss_mask is 1 where the target is not a real in-document token")
+    return in_valid
+
+
 def check_rows(table: pa.Table, row_length: int, vocab_size: int, bos_id: int, pad_id: int, where: str = "rows") -> dict:
     """Assert the SPEC §6 row contract on every row; return summary figures.
 
@@ -366,31 +402,13 @@ def check_rows(table: pa.Table, row_length: int, vocab_size: int, bos_id: int, p
     valid = table.column("valid_token_count").to_numpy()
     ndocs = table.column("num_docs").to_numpy()
     slack = table.column("slack_tokens").to_numpy()
+    in_valid = check_row_arrays(inp, tgt, msk, dids, valid, ndocs, slack, L, vocab_size, bos_id, pad_id, where)
 
     def fail(mask: np.ndarray, rule: str):
         rows = np.nonzero(mask)[0]
         if len(rows):
             raise RowContractError(f"{where}: row {int(rows[0])}: {rule}")
 
-    fail((valid < 1) | (valid > L), "valid_token_count outside [1, L]")
-    fail(slack != L - valid, "slack_tokens != L - valid_token_count")
-    fail(inp.max(axis=1) >= vocab_size, f"token id ≥ vocab size {vocab_size}")
-    fail(inp[:, 0] != bos_id, "first token is not BOS")
-    pos = np.arange(L)[None, :]
-    in_valid = pos < valid[:, None]
-    fail(((inp != pad_id) & ~in_valid).any(axis=1), "non-PAD token after valid_token_count")
-    is_bos = (inp == bos_id) & in_valid
-    expect_doc = np.where(in_valid, np.cumsum(is_bos, axis=1), 0)
-    fail((dids != expect_doc).any(axis=1), "doc_ids != cumsum(BOS) over the valid prefix")
-    fail(ndocs != is_bos.sum(axis=1), "num_docs != count(BOS)")
-    fail(ndocs < 1, "num_docs < 1")
-    nxt_same = np.zeros_like(in_valid)
-    nxt_same[:, :-1] = in_valid[:, 1:] & (expect_doc[:, 1:] == expect_doc[:, :-1])
-    exp_tgt = np.full_like(inp, pad_id)
-    exp_tgt[:, :-1] = np.where(nxt_same[:, :-1], inp[:, 1:], pad_id)
-    fail((tgt != exp_tgt).any(axis=1), "target_ids is not the next in-document token")
-    fail((msk > 1).any(axis=1), "loss_mask holds a value other than 0/1")
-    fail(((msk == 1) & ~nxt_same).any(axis=1), "loss_mask is 1 where the target is not a real in-document token")
     for col in ("doc_keys", "provenance"):
         n = table.column(col).combine_chunks().value_lengths().fill_null(-1).to_numpy(zero_copy_only=False)
         fail(n != ndocs, f"len({col}) != num_docs")

@@ -746,14 +746,10 @@ def fim_config(manifest: Manifest):
                          doc_comment_policy=s.fim_doc_comment_policy)
 
 
-def packed_documents(layout: SnapshotLayout, manifest: Manifest, tok,
-                     tokenizer_sha256: str | None = None) -> tuple[list[pack.PackInput], list[str], dict, pa.Table]:
-    """The tokenized documents as :class:`pack.PackInput` after FIM (deterministic by seed
-    and doc key), the optional enrichment columns they carry, FIM figures and the raw table
-    (``doc_key``, ``text``, ``input_ids``, tokenized order)."""
+def read_pack_inputs(layout: SnapshotLayout) -> tuple[list[pack.PackInput], list[str], pa.Table]:
+    """The tokenized documents as :class:`pack.PackInput` (tokenized order), the optional
+    enrichment columns they carry, and the raw table (``doc_key``, ``text``, ``input_ids``)."""
     import pyarrow.parquet as pq
-
-    from . import fim
 
     path = layout.stage_dir("tokenized") / "documents.parquet"
     names = pq.read_schema(path).names
@@ -762,16 +758,41 @@ def packed_documents(layout: SnapshotLayout, manifest: Manifest, tok,
     ids = docs.column("input_ids").combine_chunks()
     offsets = ids.offsets.to_numpy()
     flat = ids.values.to_numpy(zero_copy_only=False).astype(np.uint32, copy=False)
-    d = docs.select([c for c in _BASE_PACK_COLUMNS if c != "input_ids"] + optional).to_pydict()
+    planes = [c for c in optional if c in pack.PLANES]
+    flat_planes = {}
+    for c in planes:  # slice planes from one flat array instead of building Python lists
+        col = docs.column(c).combine_chunks()
+        flat_planes[c] = (col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False))
+    d = docs.select([c for c in _BASE_PACK_COLUMNS if c != "input_ids"] + [c for c in optional if c not in planes]).to_pydict()
     inputs = []
     for i in range(docs.num_rows):
-        extras = {c: (np.asarray(d[c][i], dtype=np.int64) if c in pack.PLANES else d[c][i]) for c in optional}
+        extras = {c: d[c][i] for c in optional if c not in flat_planes}
+        for c, (offs, vals) in flat_planes.items():
+            extras[c] = vals[offs[i]:offs[i + 1]]
         inputs.append(pack.PackInput(flat[offsets[i]:offsets[i + 1]], d["doc_key"][i], d["source"][i], d["revision"][i],
                                      d["path"][i], d["chunk_index"][i], extras=extras))
+    return inputs, optional, docs.select(["doc_key", "text", "input_ids"])
+
+
+def apply_snapshot_fim(inputs: list[pack.PackInput], texts: list[str], manifest: Manifest, tok,
+                       tokenizer_sha256: str | None = None) -> tuple[list[pack.PackInput], dict]:
+    """FIM over pack inputs with the snapshot's settings (deterministic by seed and doc key)."""
+    from . import fim
+
     cfg = fim_config(manifest)
-    table = tokenize.byte_table(tok, tokenizer_sha256)[0] if cfg.rate > 0 and cfg.doc_comment_policy == "mask" else None
-    inputs, figs = fim.apply_fim_all(inputs, cfg, manifest.settings.row_length, table)
-    return inputs, optional, figs, docs.select(["doc_key", "text", "input_ids"])
+    table, lengths = tokenize.byte_table(tok, tokenizer_sha256) if cfg.rate > 0 and cfg.doc_comment_policy == "mask" else (None, None)
+    return fim.apply_fim_all(inputs, cfg, manifest.settings.row_length, table, lengths,
+                             texts if table is not None else None)
+
+
+def packed_documents(layout: SnapshotLayout, manifest: Manifest, tok,
+                     tokenizer_sha256: str | None = None) -> tuple[list[pack.PackInput], list[str], dict, pa.Table]:
+    """The tokenized documents as :class:`pack.PackInput` after FIM (deterministic by seed
+    and doc key), the optional enrichment columns they carry, FIM figures and the raw table
+    (``doc_key``, ``text``, ``input_ids``, tokenized order)."""
+    inputs, optional, raw = read_pack_inputs(layout)
+    inputs, figs = apply_snapshot_fim(inputs, raw.column("text").to_pylist(), manifest, tok, tokenizer_sha256)
+    return inputs, optional, figs, raw
 
 
 def run_pack(layout: SnapshotLayout, manifest: Manifest) -> StageResult:

@@ -98,10 +98,39 @@ def test_required_columns_are_strict(tmp_path):
         return t.set_column(t.schema.get_field_index("input_ids"), "input_ids", pa.array(vals, pa.list_(pa.uint32())))
 
     _rewrite(tmp_path, bad_id)
-    with pytest.raises(loader.LoaderError, match="row 0: token id ≥ vocab size"):
+    with pytest.raises(loader.LoaderError, match="row 0: input id ≥ vocab size"):
         loader.PackedRowsDataset(tmp_path)
+    with pytest.raises(loader.LoaderError, match="row 0: token id ≥ vocab size"):
+        loader.PackedRowsDataset(tmp_path, full_contract=True)
     with pytest.raises(pack.TokenizerMismatchError):
         loader.PackedRowsDataset(tmp_path, tokenizer_sha256="cd" * 32)
+
+
+def _set_matrix(column, row, pos, value, typ):
+    def edit(t):
+        vals = t.column(column).to_pylist()
+        vals[row][pos] = value
+        return t.set_column(t.schema.get_field_index(column), column, pa.array(vals, pa.list_(typ)))
+    return edit
+
+
+def test_strict_checks_and_the_full_contract(tmp_path):
+    _shards(tmp_path)
+    _rewrite(tmp_path, _set_matrix("loss_mask", 1, 3, 2, pa.uint8()))
+    with pytest.raises(loader.LoaderError, match="row 1: loss_mask holds a value other than 0/1"):
+        loader.PackedRowsDataset(tmp_path)
+    _shards(tmp_path)
+    _rewrite(tmp_path, _set_matrix("input_ids", 0, 0, 7, pa.uint32()))
+    with pytest.raises(loader.LoaderError, match="row 0: first token is not BOS"):
+        loader.PackedRowsDataset(tmp_path)
+    # doc_ids are never yielded (derived from input_ids): a corrupt stored column is caught
+    # only by the full contract, and the default loader still yields the right doc_ids
+    _shards(tmp_path)
+    good = loader.PackedRowsDataset(tmp_path)[0]["doc_ids"].clone()
+    _rewrite(tmp_path, _set_matrix("doc_ids", 0, 1, 9, pa.uint32()))
+    with pytest.raises(loader.LoaderError, match="row 0: doc_ids != cumsum"):
+        loader.PackedRowsDataset(tmp_path, full_contract=True)
+    assert torch.equal(loader.PackedRowsDataset(tmp_path)[0]["doc_ids"], good)
 
 
 def test_document_masked_attention_equals_attention_per_document(tmp_path):
