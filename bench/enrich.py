@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import warnings
 from pathlib import Path
 
@@ -30,15 +29,7 @@ import pyarrow.parquet as pq
 
 from megacpp_core import chunk, enrich, manifest, platforms
 from megacpp_core import tokenizer as tk
-
-
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+from timing import best_of  # bench/timing.py (the script's own directory)
 
 
 def main(snapshot: Path, repeat: int = 1) -> dict:
@@ -70,9 +61,9 @@ def main(snapshot: Path, repeat: int = 1) -> dict:
                 enrich.document_enrichment(fe, c.start, c.end)
                 platforms.scan_platforms(text[c.start:c.end])
 
-    parse_s = _best(parse_only, repeat)
-    enrich_s = _best(enrich_only, repeat)
-    stage_s = _best(whole_stage, repeat)
+    parse_s = best_of(parse_only, repeat)
+    enrich_s = best_of(enrich_only, repeat)
+    stage_s = best_of(whole_stage, repeat)
     out = {
         "files": len(files), "megabytes": round(mb, 3),
         "parse": {"seconds": round(parse_s, 3), "mb_per_s": round(mb / parse_s, 3)},

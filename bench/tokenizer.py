@@ -21,21 +21,13 @@ import pyarrow as pa
 from megacpp_core import tokenize
 from megacpp_core import tokenizer as T
 from megacpp_core.tables import read_parquet
+from timing import best_of  # bench/timing.py (the script's own directory)
 
 SNIPPETS = ["std::vector<std::string>", "0xDEADBEEF", "__global__ void", "std::unique_ptr<Node> node;",
             "#include <cstdint>", "    return nullptr;", "for (size_t i = 0; i < n; ++i) {", "[[nodiscard]] constexpr",
             "EXPECT_EQ(a, b);", "cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);", "float x = 1.0f;",
             "initialize_buffer(read_index, write_value);", "end_point do_something print integer"]
 DEFAULT_HELD_OUT = "psycopg2-2.9.13,pygit2-1.21.0,greenlet-3.5.6,msgpack-1.2.4"
-
-
-def _best(fn, repeats: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main() -> None:
@@ -72,8 +64,8 @@ def main() -> None:
     tok = toks["hybrid"]
     docs = pa.table({"doc_key": d["doc_key"], "text": d["text"]})
     texts = d["text"]
-    raw = _best(lambda: tok.encode_batch(texts, add_special_tokens=False))
-    stage = _best(lambda: tokenize.tokenize_documents(docs, tok, args.vocab))
+    raw = best_of(lambda: tok.encode_batch(texts, add_special_tokens=False))
+    stage = best_of(lambda: tokenize.tokenize_documents(docs, tok, args.vocab))
     out["tokenize_throughput"] = {"documents": len(texts), "bytes": sum(len(t.encode("utf-8")) for t in texts),
                                   "raw_encode_batch_seconds": round(raw, 3), "tokenize_stage_seconds": round(stage, 3),
                                   "stage_over_raw_speed": round(raw / stage, 4), "goal_ge_0_9": raw / stage >= 0.9}

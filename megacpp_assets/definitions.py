@@ -42,6 +42,8 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "license_files": ("every_file_decided", "license_schema"),
     "scrubbed_files": ("no_refused_license_downstream", "rescan_finds_nothing", "scrub_schema"),
     "minhash_signatures": ("one_signature_per_file",),
+    "compile_commands": ("database_current",),
+    "semantic_graph": ("every_tu_accounted", "semantic_schema"),
     "lsh_bands_00_07": ("pairs_cross_source",),
     "lsh_bands_07_14": ("pairs_cross_source",),
     "dedup_decisions": ("each_drop_names_kept_twin",),
@@ -129,6 +131,31 @@ def minhash_signatures(context: AssetExecutionContext, data_root: DataRootResour
     return to_result("minhash_signatures", pipeline.run_minhash(layout, manifest, source))
 
 
+compile_commands = _revision_asset(
+    "compile_commands", pipeline.run_compile_commands, ["source_files"],
+    "libclang lane: the revision's compile command database — the shipped compile_commands.json made relative "
+    "to the tree, or one synthesized from the file tree (nothing from the corpus runs); no-op unless "
+    "settings.semantic_graph.")
+
+#: Pod resources and pool of the libclang step (SPEC §5: heavy steps get their own pods).
+LIBCLANG_OP_TAGS = profiles.HEAVY_STEP_TAGS["libclang"]
+LIBCLANG_POOL = profiles.POOLS["libclang"]
+
+
+@asset(partitions_def=repo_revision, group_name="per_revision", deps=["compile_commands", "scrubbed_files"],
+       check_specs=_specs("semantic_graph"), kinds={"parquet"}, op_tags=LIBCLANG_OP_TAGS, pool=LIBCLANG_POOL,
+       description="libclang lane (optional layer 5): every kept translation unit parsed by libclang in a process "
+                   "pool with a per-TU timeout; USR-resolved call/type/include edges and build_info provenance. "
+                   "No-op unless settings.semantic_graph.")
+def semantic_graph(context: AssetExecutionContext, data_root: DataRootResource) -> MaterializeResult:
+    layout, manifest, source = data_root.for_revision(context.partition_key)
+    res = pipeline.run_semantic_graph(layout, manifest, source)
+    if res.figures.get("enabled"):
+        context.log.info(f"semantic_graph {context.partition_key}: {res.figures.get('tus')} TUs, "
+                         f"TU coverage {res.figures.get('tu_coverage')}, call coverage {res.figures.get('call_coverage')}")
+    return to_result("semantic_graph", res)
+
+
 def _lsh_band_asset(lo: int, hi: int):
     name = f"lsh_bands_{lo:02d}_{hi:02d}"
 
@@ -168,19 +195,25 @@ dedup_decisions = _snapshot_asset(
     "union-find pass over the merged band-range candidate pairs; writes duplicate_clusters.")
 tokenizer = _snapshot_asset("tokenizer", pipeline.run_tokenizer, ["dedup_decisions"],
                             "Stage 5: byte-level BPE trained on the deduplicated snapshot; special tokens at IDs 0-63.")
-chunked_documents = _snapshot_asset("chunked_documents", pipeline.run_chunk, ["tokenizer"],
-                                    "Stage 6: tree-sitter split at function/class boundaries under an exact token budget.")
+chunked_documents = _snapshot_asset(
+    "chunked_documents", pipeline.run_chunk,
+    ["tokenizer", AssetDep("semantic_graph", partition_mapping=AllPartitionMapping())],
+    "Stage 6: tree-sitter split at declaration boundaries under an exact token budget (brace-balanced fallback for "
+    "files with ERROR nodes), buckets, and enrichment: structure/AST planes, chunk graph, platform labels; the "
+    "libclang lane's edges replace tree-sitter's for the files it covers.")
 chunk_dedup = _snapshot_asset("chunk_dedup", pipeline.run_chunk_dedup, ["chunked_documents"],
                               "Stage 7: exact dedup of FUNC_BODY, CLASS_DECL, TYPEDEF and NAMESPACE chunks only.")
 tokenized_documents = _snapshot_asset("tokenized_documents", pipeline.run_tokenize, ["chunk_dedup"],
-                                      "Stage 8: BOS + uint32 ids per document, round trip checked.")
+                                      "Stage 8: BOS + uint32 ids per document, round trip checked; enrichment "
+                                      "planes aligned token-for-token (fails closed).")
 packed_rows = _snapshot_asset("packed_rows", pipeline.run_pack, ["tokenized_documents"],
                               "Stage 9: best-fit-decreasing packing into parquet shards with the _SUCCESS sentinel.")
 megatron_dataset = _snapshot_asset("megatron_dataset", pipeline.run_format, ["packed_rows"],
                                    "Stage 10: Megatron .bin/.idx (int32 ids) and the verify gate; writes the dataset card.",
                                    final=True)
 
-REVISION_ASSETS = [source_files, quality_files, license_files, scrubbed_files, minhash_signatures]
+REVISION_ASSETS = [source_files, quality_files, license_files, scrubbed_files, minhash_signatures,
+                   compile_commands, semantic_graph]
 SNAPSHOT_ASSETS = [*LSH_BAND_ASSETS, dedup_decisions, tokenizer, chunked_documents, chunk_dedup, tokenized_documents, packed_rows, megatron_dataset]
 
 revision_job = define_asset_job("revision_job", selection=AssetSelection.groups("per_revision"),

@@ -145,7 +145,7 @@ def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
 def enrichment_section(c: dict, tz: dict) -> list[str]:
     """Markdown lines of the enrichment figures (stage 6 and the stage-8 alignment)."""
     if not c.get("enrichment"):
-        return ["", "## Enrichment", "", "Off for this snapshot (`settings.enrichment: false`)."]
+        return ["", "## Enrichment", "", "Off for this snapshot (`settings.enrichment: false`; the libclang lane needs it)."]
     share = tz.get("structure_token_share") or {}
     plat = c.get("platform_labels") or {}
     top = sorted((plat.get("per_label") or {}).items(), key=lambda kv: (-kv[1], kv[0]))[:12]
@@ -161,6 +161,18 @@ def enrichment_section(c: dict, tz: dict) -> list[str]:
           f"labelled, {_fmt(plat.get('at_cap', 0))} at the cap of {_fmt(plat.get('max_labels_per_document', 20))}.", "",
           "| label | documents |", "|---|---:|"]
     L += [f"| {k} | {_fmt(v)} |" for k, v in top]
+    L += ["", "### libclang semantic graph lane", ""]
+    if not c.get("semantic_graph"):
+        L.append("Off for this snapshot (`settings.semantic_graph: false`); call and type edges are tree-sitter's.")
+        return L
+    L += [f"On: {_fmt(c.get('semantic_covered_files', 0))} translation units parsed without a fatal error had their "
+          f"tree-sitter edges replaced by libclang's ({_fmt(c.get('documents_with_semantic_edges', 0))} documents).", "",
+          "| source | TUs | TU coverage | call coverage | resolved into the tree | edges | timeouts | crashes |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, f in (c.get("semantic_sources") or {}).items():
+        L.append(f"| {name} | {_fmt(f.get('tus') or 0)} | {_fmt(f.get('tu_coverage') or 0.0)} | {_fmt(f.get('call_coverage') or 0.0)} | "
+                 f"{_fmt(f.get('call_coverage_tree') or 0.0)} | {_fmt(f.get('edges') or 0)} | {_fmt(f.get('tus_timeout') or 0)} | "
+                 f"{_fmt(f.get('tus_crashed') or 0)} |")
     return L
 
 

@@ -58,6 +58,8 @@ __all__ = [
     "FileEnrichment",
     "DocumentEnrichment",
     "enrich_file",
+    "file_units",
+    "line_units",
     "document_enrichment",
     "dep_levels",
 ]
@@ -398,6 +400,38 @@ def _units(parsed: ParsedSource) -> list[tuple[int, int, str, str | None]]:
     return out
 
 
+def file_units(text: str, language: str, parsed: ParsedSource | None = None) -> list[tuple[int, int, str, str | None]]:
+    """The units ``(start, end, kind, name)`` of a file (``str`` offsets, tiling the text),
+    exactly as :func:`enrich_file` numbers them: unit ``i`` here is ``FileEnrichment.units[i]``."""
+    return _units(parsed or chunk.parse_source(text, language))
+
+
+def line_units(text: str, units: list[tuple[int, int, str, str | None]], lines: np.ndarray) -> np.ndarray:
+    """Unit index (int32) holding each 1-based line number of ``lines``; -1 outside the text.
+
+    A line maps to the unit holding its first non-whitespace character (its first character
+    when blank), so a line shared by two units goes to the one it starts in. Used to place
+    libclang's (file, line) locations on the file's units.
+    """
+    lines = np.asarray(lines, dtype=np.int64)
+    starts = np.concatenate([[0], np.flatnonzero(np.frombuffer(text.encode("utf-32-le", "surrogatepass"),
+                                                                dtype=np.uint32) == 10) + 1])
+    out = np.full(len(lines), -1, dtype=np.int32)
+    if not units or not len(lines):
+        return out
+    ok = (lines >= 1) & (lines <= len(starts)) & (starts[np.clip(lines - 1, 0, len(starts) - 1)] < max(1, len(text)))
+    ustarts = np.asarray([u[0] for u in units], dtype=np.int64)
+    for k in np.flatnonzero(ok):
+        pos = int(starts[lines[k] - 1])
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        stripped = len(text[pos:end]) - len(text[pos:end].lstrip())
+        if pos + stripped < end:
+            pos += stripped
+        out[k] = int(np.searchsorted(ustarts, min(pos, len(text) - 1), side="right") - 1)
+    return out
+
+
 def enrich_file(text: str, language: str, parsed: ParsedSource | None = None) -> FileEnrichment:
     """Per-character planes and units of one file (see the module docstring).
 
@@ -482,24 +516,34 @@ def dep_levels(n: int, edges: list[tuple[int, int]]) -> list[int]:
     return level
 
 
-def document_enrichment(fe: FileEnrichment, start: int, end: int) -> DocumentEnrichment:
+def document_enrichment(fe: FileEnrichment, start: int, end: int,
+                        unit_edges: dict[str, set[tuple[int, int]]] | None = None) -> DocumentEnrichment:
     """The structure of the document ``text[start:end]`` of a file enriched as ``fe``.
 
     Chunks are the units overlapping ``[start, end)`` clipped to it, with offsets relative
     to ``start``; definitions, calls and type uses count only where they lie inside the
-    document. Raises ``ValueError`` for an empty or out-of-range span.
+    document. ``unit_edges`` (``{"call": {(i, j)}, "type": {(i, j)}}`` between file units,
+    e.g. the libclang lane's resolved edges) replaces the tree-sitter edges: an edge is
+    kept when both units overlap the document, and ``dep_level`` follows the edges used.
+    Raises ``ValueError`` for an empty or out-of-range span.
     """
     n = len(fe.structure)
     if not 0 <= start < end <= n:
         raise ValueError(f"document span [{start}, {end}) outside the file's {n} characters")
     chunks: list[dict] = []
     picked: list[Unit] = []
-    for u in fe.units:
+    index_of: dict[int, int] = {}
+    for k, u in enumerate(fe.units):
         if u.end <= start or u.start >= end:
             continue
+        index_of[k] = len(chunks)
         chunks.append({"start": max(u.start, start) - start, "end": min(u.end, end) - start,
                        "kind": u.kind, "name": u.name, "dep_level": 0})
         picked.append(u)
+    if unit_edges is not None:
+        sets = {kind: {(index_of[a], index_of[b]) for a, b in unit_edges.get(kind, ())
+                       if a in index_of and b in index_of and a != b} for kind in ("call", "type")}
+        return _finish(fe, start, end, chunks, sets["call"], sets["type"])
     inside = lambda p: start <= p < end  # noqa: E731
     fn_at: dict[str, list[int]] = {}
     ty_at: dict[str, list[int]] = {}
@@ -519,6 +563,10 @@ def document_enrichment(fe: FileEnrichment, start: int, end: int) -> DocumentEnr
         for p, name in u.uses:
             if inside(p):
                 types.update((i, j) for j in ty_at.get(name, ()) if j != i)
+    return _finish(fe, start, end, chunks, calls, types)
+
+
+def _finish(fe: FileEnrichment, start: int, end: int, chunks: list[dict], calls: set, types: set) -> DocumentEnrichment:
     levels = dep_levels(len(chunks), list(calls | types))
     for c, lv in zip(chunks, levels):
         c["dep_level"] = lv

@@ -260,6 +260,138 @@ def run_scrub(layout: SnapshotLayout, manifest: Manifest, source: Source) -> Sta
     return _timed(layout, "scrub", source.name, t0, res)
 
 
+# --------------------------------------------------------------------------- stage 6 lane (libclang)
+
+def _revision_files(layout: SnapshotLayout, source: Source) -> tuple[list[tuple[str, bytes]], str]:
+    """Every file of a revision (``source_files.parquet``) as ``(path, bytes)``, and its revision."""
+    sf = read_parquet(layout.revision(source.name) / "source_files.parquet", columns=["path", "content", "revision"])
+    files = list(zip(sf.column("path").to_pylist(), sf.column("content").to_pylist()))
+    revision = sf.column("revision")[0].as_py() if sf.num_rows else (source_revision(layout, source) or "")
+    return files, revision
+
+
+def _lane_off(stage: str, source: Source, layout: SnapshotLayout, t0: float, checks: tuple[str, ...]) -> StageResult:
+    res = StageResult(stage, {}, {"enabled": False})
+    for c in checks:
+        res.checks[c] = (True, "the libclang lane is off for this snapshot (settings.semantic_graph: false)")
+    return _timed(layout, stage, source.name, t0, res)
+
+
+def run_compile_commands(layout: SnapshotLayout, manifest: Manifest, source: Source) -> StageResult:
+    """The revision's compile command database (SPEC §4 libclang lane): the shipped
+    ``compile_commands.json`` made relative to the tree, or one synthesized from the file
+    tree; nothing from the corpus runs. Written to ``compile_commands.json`` with its
+    inputs' sha256 and revision; regenerated on every materialization. A no-op (figures
+    ``enabled: false``) when ``settings.semantic_graph`` is off."""
+    from . import compile_commands
+
+    t0 = time.perf_counter()
+    checks = ("database_current",)
+    if not manifest.settings.semantic_graph:
+        return _lane_off("compile_commands", source, layout, t0, checks)
+    files, revision = _revision_files(layout, source)
+    db = compile_commands.build_database(files, revision)
+    out = atomic_write_text(layout.revision(source.name) / "compile_commands.json", db.to_json())
+    figures = {"enabled": True, "shipped": db.shipped, "shipped_path": db.shipped_path, "entries": len(db.entries),
+               "inputs_sha256": db.inputs_sha256, "revision": revision,
+               **{f"database_{k}": v for k, v in sorted(db.figures.items()) if isinstance(v, (int, float, str, bool))}}
+    res = StageResult("compile_commands", {"compile_commands": str(out)}, figures)
+    try:
+        compile_commands.load_database(out.read_text(), files, revision)
+        res.checks["database_current"] = (True, f"{len(db.entries)} entries for revision {revision[:12]}, inputs {db.inputs_sha256[:12]}")
+    except compile_commands.StaleDatabaseError as e:
+        res.checks["database_current"] = (False, str(e))
+    return _timed(layout, "compile_commands", source.name, t0, res)
+
+
+def run_semantic_graph(layout: SnapshotLayout, manifest: Manifest, source: Source) -> StageResult:
+    """Run libclang over every kept translation unit of the revision (process pool, per-TU
+    timeout) and write ``semantic_edges.parquet`` (the lane's USR-resolved edges plus
+    ``from_chunk``/``to_chunk``: the index of the file unit — :func:`enrich.file_units` of
+    the scrubbed text — holding each end, null outside the kept files) and
+    ``build_info.parquet`` (compile command, shipped or synthesized, status, diagnostics per
+    TU). A no-op when ``settings.semantic_graph`` is off. Refuses a compile database built
+    for another revision or other inputs (:class:`StageError`)."""
+    import dataclasses
+    import tempfile
+
+    from . import compile_commands, enrich, semantic
+
+    t0 = time.perf_counter()
+    checks = ("every_tu_accounted", "semantic_schema")
+    if not manifest.settings.semantic_graph:
+        return _lane_off("semantic_graph", source, layout, t0, checks)
+    rdir = layout.revision(source.name)
+    files, revision = _revision_files(layout, source)
+    try:
+        db = compile_commands.load_database((rdir / "compile_commands.json").read_text(), files, revision)
+    except (FileNotFoundError, compile_commands.StaleDatabaseError) as e:
+        raise StageError(f"semantic_graph {source.name}: no current compile database: {e}") from e
+    kept = read_parquet(rdir / "scrubbed.parquet", columns=["path", "language", "text"]).to_pydict()
+    kept_text = {p: (t, lang) for p, lang, t in zip(kept["path"], kept["language"], kept["text"])}
+    tus = dataclasses.replace(db, entries=[e for e in db.entries if e["file"] in kept_text])
+    s = manifest.settings
+    with tempfile.TemporaryDirectory(prefix="semantic-", dir=rdir) as tmp:
+        semantic.materialize_tree(files, Path(tmp), tus)
+        result = semantic.run_semantic(tmp, tus, workers=s.semantic_workers, timeout_s=s.semantic_timeout_s)
+    edges = result.edges
+    chunk_cols = {"from_chunk": np.full(edges.num_rows, -1, np.int32), "to_chunk": np.full(edges.num_rows, -1, np.int32)}
+    for end in ("from", "to"):
+        fcol = np.asarray(edges.column(f"{end}_file").to_pylist(), dtype=object)
+        lines = edges.column(f"{end}_line").to_numpy(zero_copy_only=False)
+        for path in sorted(set(fcol.tolist()) & set(kept_text)):
+            text, lang = kept_text[path]
+            idx = np.flatnonzero(fcol == path)
+            chunk_cols[f"{end}_chunk"][idx] = enrich.line_units(text, enrich.file_units(text, lang), lines[idx])
+    for name, arr in chunk_cols.items():
+        edges = edges.append_column(pa.field(name, pa.int32()), pa.array(arr, mask=arr < 0, type=pa.int32()))
+    write_parquet(edges, rdir / "semantic_edges.parquet")
+    write_parquet(result.build_info, rdir / "build_info.parquet")
+    f = result.figures
+    mapped = int(np.sum((chunk_cols["from_chunk"] >= 0) & (chunk_cols["to_chunk"] >= 0)))
+    figures = {"enabled": True, "shipped": bool(db.shipped), "tus": len(tus.entries), "edges_on_kept_units": mapped,
+               **{k: v for k, v in f.items() if k not in ("wall_seconds", "system_include_dirs", "cuda_include_dirs")},
+               "lane_wall_seconds": f.get("wall_seconds")}
+    res = StageResult("semantic_graph", {"edges": str(rdir / "semantic_edges.parquet"),
+                                         "build_info": str(rdir / "build_info.parquet")}, figures)
+    statuses = result.build_info.column("status").to_pylist()
+    accounted = len(statuses) == len(tus.entries) and all(x in semantic.STATUSES for x in statuses)
+    res.checks["every_tu_accounted"] = (accounted, f"{len(statuses)} of {len(tus.entries)} TUs with a status: "
+                                        + ", ".join(f"{k} {statuses.count(k)}" for k in semantic.STATUSES))
+    from megacpp_checks.schemas import semantic as semantic_schema
+
+    res.checks["semantic_schema"] = semantic_schema.validate_edges(edges)
+    return _timed(layout, "semantic_graph", source.name, t0, res)
+
+
+def semantic_unit_edges(layout: SnapshotLayout, manifest: Manifest) -> tuple[dict[str, dict[str, set]], dict]:
+    """The libclang lane's intra-file edges for stage 6: ``{doc_key of a covered file:
+    {"call": {(unit, unit)}, "type": {...}}}`` and figures. A file is covered when it is a
+    translation unit libclang parsed without a fatal error (status ``ok`` or ``errors``);
+    its tree-sitter edges are replaced by these. Empty when the lane is off."""
+    if not manifest.settings.semantic_graph:
+        return {}, {"semantic_graph": False}
+    out: dict[str, dict[str, set]] = {}
+    per_source = {}
+    for src in manifest.sources:
+        rdir = layout.revision(src.name)
+        if not (rdir / "semantic_edges.parquet").exists():
+            raise StageError(f"chunk: the libclang lane is on but {src.name} has no semantic_edges.parquet "
+                             "(materialize semantic_graph for this revision first)")
+        bi = read_parquet(rdir / "build_info.parquet", columns=["file", "status"]).to_pydict()
+        covered = {f for f, st in zip(bi["file"], bi["status"]) if st in ("ok", "errors")}
+        e = read_parquet(rdir / "semantic_edges.parquet").to_pydict()
+        for kind, ff, tf, a, b in zip(e["kind"], e["from_file"], e["to_file"], e["from_chunk"], e["to_chunk"]):
+            if kind in ("call", "type") and ff == tf and ff in covered and a is not None and b is not None and a != b:
+                out.setdefault(f"{src.name}/{ff}", {"call": set(), "type": set()})[kind].add((a, b))
+        for f in covered:
+            out.setdefault(f"{src.name}/{f}", {"call": set(), "type": set()})
+        figs = layout.read_figures("semantic_graph", src.name) or {}
+        per_source[src.name] = {k: figs.get(k) for k in ("tus", "tu_coverage", "call_coverage", "call_coverage_tree",
+                                                         "edges", "tus_timeout", "tus_crashed")}
+    return out, {"semantic_graph": True, "semantic_covered_files": len(out), "semantic_sources": per_source}
+
+
 # --------------------------------------------------------------------------- stage 4
 
 def _snapshot_scrubbed(layout: SnapshotLayout, manifest: Manifest) -> pa.Table:
@@ -527,6 +659,8 @@ def run_chunk(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     cols = {f.name: [] for f in schema}
     parse_errors = fallback = brace_files = split_files = 0
     enrich_seconds = 0.0
+    lane_edges, lane_figs = semantic_unit_edges(layout, manifest) if enriching else ({}, {"semantic_graph": False})
+    lane_docs = 0
     counter = lambda text: tk.count_tokens(tok, text)  # noqa: E731
     for i in range(kept.num_rows):
         text = d["text"][i]
@@ -560,7 +694,9 @@ def run_chunk(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
             cols["text"].append(doc_text)
             if enriching:
                 te = time.perf_counter()
-                de = enrich.document_enrichment(fe, c.start, c.end)
+                override = lane_edges.get(d["doc_key"][i])
+                de = enrich.document_enrichment(fe, c.start, c.end, override)
+                lane_docs += override is not None
                 cols["char_chunk_boundaries"].append(de.chunks)
                 cols["call_edges"].append(de.call_edges)
                 cols["type_edges"].append(de.type_edges)
@@ -593,6 +729,7 @@ def run_chunk(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
             "call_edges": int(sum(len(x) for x in cols["call_edges"])),
             "type_edges": int(sum(len(x) for x in cols["type_edges"])),
             "platform_labels": platforms.figures(cols["platform_ids"]),
+            **lane_figs, "documents_with_semantic_edges": lane_docs,
         })
     res = StageResult("chunk", {"documents": str(out)}, figures)
     res.checks["budgets_hold"] = (figures["max_document_tokens"] <= budget and over_bucket == 0,

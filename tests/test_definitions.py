@@ -14,7 +14,8 @@ def test_definitions_load_and_graph_is_the_stage_chain():
     Definitions.validate_loadable(defs)
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == set(ORDER) | {"k8s_workers", "minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14"}
+    assert keys == set(ORDER) | {"k8s_workers", "minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14",
+                                 "compile_commands", "semantic_graph"}
     for up, down in zip(ORDER, ORDER[1:]):
         assert AssetKey(up) in graph.get(AssetKey(down)).parent_keys, (up, down)
 

@@ -97,6 +97,20 @@ def _platform_facts(table: pa_arrow.Table) -> np.ndarray:
     return (n <= MAX_LABELS_PER_DOCUMENT) & ~_row_any(rows, bad, table.num_rows)
 
 
+def _graph_facts(table: pa_arrow.Table, facts: pd.DataFrame, chunk_column: str, lo: np.ndarray, hi: np.ndarray) -> None:
+    """Set ``chunks_inside`` (spans in [lo, hi), in order), ``edges_in_range`` and
+    ``platforms_ok`` on ``facts`` (one row per document)."""
+    chunks_ok, nchunks = _chunk_facts(table, chunk_column, lo, hi)
+    facts["chunks_inside"] = chunks_ok
+    facts["edges_in_range"] = _edge_facts(table, nchunks)
+    facts["platforms_ok"] = _platform_facts(table)
+
+
+#: Facts present only for enriched tables.
+_GRAPH_COLUMNS = {name: pa.Column(bool, pa.Check.eq(True), required=False)
+                  for name in ("chunks_inside", "edges_in_range", "platforms_ok")}
+
+
 def document_facts(table: pa_arrow.Table) -> pd.DataFrame:
     """One row of facts per stage-6 document (see :data:`DOCUMENTS`)."""
     text_len = pc.utf8_length(table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -119,10 +133,7 @@ def document_facts(table: pa_arrow.Table) -> pd.DataFrame:
             v = _binary_values(c)
             ok &= ~_row_any(r, v > vmax, table.num_rows)
         facts["planes_per_character"] = ok
-        chunks_ok, nchunks = _chunk_facts(table, "char_chunk_boundaries", np.zeros_like(text_len), text_len)
-        facts["chunks_inside"] = chunks_ok
-        facts["edges_in_range"] = _edge_facts(table, nchunks)
-        facts["platforms_ok"] = _platform_facts(table)
+        _graph_facts(table, facts, "char_chunk_boundaries", np.zeros_like(text_len), text_len)
     return facts
 
 
@@ -134,9 +145,7 @@ DOCUMENTS = pa.DataFrameSchema(
         "bucket": pa.Column("int64", pa.Check.isin(list(BUCKETS))),
         "span_is_text": pa.Column(bool, pa.Check.eq(True)),
         "planes_per_character": pa.Column(bool, pa.Check.eq(True), required=False),
-        "chunks_inside": pa.Column(bool, pa.Check.eq(True), required=False),
-        "edges_in_range": pa.Column(bool, pa.Check.eq(True), required=False),
-        "platforms_ok": pa.Column(bool, pa.Check.eq(True), required=False),
+        **_GRAPH_COLUMNS,
     },
     checks=[pa.Check(lambda df: df["n_text_tokens"] + 1 <= df["bucket"], error="document (with BOS) within its bucket")],
     strict=True,
@@ -192,10 +201,7 @@ def tokenized_facts(table: pa_arrow.Table, bos_id: int) -> pd.DataFrame:
     body_first = np.where(has_body, first + 1, 0)
     spans_ok &= np.where(has_body, (cs[body_first] == 0) & (ce[np.maximum(last, 0)] == text_len), text_len == 0)
     facts["spans_cover_text"] = spans_ok
-    chunks_ok, nchunks = _chunk_facts(table, "chunk_boundaries", np.ones_like(n_ids), n_ids)
-    facts["chunks_inside"] = chunks_ok
-    facts["edges_in_range"] = _edge_facts(table, nchunks)
-    facts["platforms_ok"] = _platform_facts(table)
+    _graph_facts(table, facts, "chunk_boundaries", np.ones_like(n_ids), n_ids)
     return facts
 
 
@@ -207,9 +213,7 @@ TOKENIZED = pa.DataFrameSchema(
         "bos_first": pa.Column(bool, pa.Check.eq(True)),
         "planes_per_token": pa.Column(bool, pa.Check.eq(True), required=False),
         "spans_cover_text": pa.Column(bool, pa.Check.eq(True), required=False),
-        "chunks_inside": pa.Column(bool, pa.Check.eq(True), required=False),
-        "edges_in_range": pa.Column(bool, pa.Check.eq(True), required=False),
-        "platforms_ok": pa.Column(bool, pa.Check.eq(True), required=False),
+        **_GRAPH_COLUMNS,
     },
     checks=[pa.Check(lambda df: df["n_tokens"] == df["n_ids"], error="n_tokens == len(input_ids)")],
     strict=True,

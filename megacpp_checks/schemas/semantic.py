@@ -1,0 +1,47 @@
+"""Pandera schema of the libclang lane's ``semantic_edges.parquet`` (SPEC §4, optional layer 5).
+
+One row per unique resolved edge: clang USRs at both ends (``file:PATH`` for includes),
+``kind`` in call/type/include, tree-relative POSIX paths (never absolute, never ``..``),
+1-based lines, and ``from_chunk``/``to_chunk`` — the file unit holding each end, null when
+the file is not a kept file. :func:`validate_edges` backs the blocking ``semantic_schema``
+asset check.
+"""
+
+from __future__ import annotations
+
+import pandera.pandas as pa
+import pyarrow as pa_arrow
+
+from . import validate_frame
+
+_REL_PATH = r"^(?!/)(?!.*(^|/)\.\.(/|$)).+$"
+
+EDGES = pa.DataFrameSchema(
+    {
+        "from_usr": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "to_usr": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "kind": pa.Column(str, pa.Check.isin(["call", "type", "include"])),
+        "from_file": pa.Column(str, pa.Check.str_matches(_REL_PATH)),
+        "to_file": pa.Column(str, pa.Check.str_matches(_REL_PATH)),
+        "from_line": pa.Column("int32", pa.Check.ge(1)),
+        "to_line": pa.Column("int32", pa.Check.ge(1)),
+        "from_chunk": pa.Column("Int32", pa.Check.ge(0), nullable=True),
+        "to_chunk": pa.Column("Int32", pa.Check.ge(0), nullable=True),
+    },
+    checks=[
+        pa.Check(lambda df: ~df.duplicated(["from_usr", "to_usr", "kind", "from_file", "to_file", "from_line", "to_line"]),
+                 error="edges are unique"),
+        pa.Check(lambda df: (df["kind"] != "include") | (df["from_usr"].str.startswith("file:") & df["to_usr"].str.startswith("file:")),
+                 error="include edges name files"),
+    ],
+    strict=True,
+)
+
+
+def validate_edges(table: pa_arrow.Table) -> tuple[bool, str]:
+    """Validate a ``semantic_edges`` table; ``(passed, detail)``, never raises on bad rows."""
+    df = table.to_pandas(types_mapper={pa_arrow.int32(): None}.get)
+    for c in ("from_chunk", "to_chunk"):
+        if c in df:
+            df[c] = df[c].astype("Int32")
+    return validate_frame(EDGES, df, "semantic_edges")

@@ -1,0 +1,162 @@
+"""The libclang lane wired into the snapshot (issue: per-revision compile_commands and
+semantic_graph assets, edges replacing tree-sitter's in stage 6, per-snapshot switch)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dagster import AssetKey
+
+from megacpp_checks.schemas import semantic as semantic_schema
+from megacpp_core import enrich, manifest, pipeline
+from megacpp_core.layout import SnapshotLayout
+from megacpp_core.tables import read_parquet
+from tests.conftest import PROJECT, make_data_root
+
+SEMTEST = """name: semtest
+settings:
+  semantic_graph: true
+sources:
+  - {name: lz4-4.4.5, kind: pypi, package: lz4, version: 4.4.5, sha256: 5f0b9e53c1e82e88c10d7c180069363980136b9d7a8306c4dca4f760d60c39f0}
+  - {name: xxhash-4.1.0, kind: pypi, package: xxhash, version: 4.1.0, sha256: c9b288e4c1f5dae54417bc8a05e6f6daf505783d916b4783f4dd2f2e7d5db486}
+"""
+
+
+def test_switched_per_snapshot():
+    assert manifest.load_manifest(PROJECT / "corpora" / "tiny.yaml").settings.semantic_graph is False
+    assert manifest.load_manifest(PROJECT / "corpora" / "default.yaml").settings.semantic_graph is False
+    assert manifest.load_manifest(PROJECT / "corpora" / "large.yaml").settings.semantic_graph is True
+
+
+def test_assets_tags_pool_and_lineage():
+    from megacpp_assets import definitions as d
+    from megacpp_assets import profiles
+
+    graph = d.defs.resolve_asset_graph()
+    for name in ("compile_commands", "semantic_graph"):
+        node = graph.get(AssetKey(name))
+        assert node.partitions_def.name == "repo_revision"
+    sg = d.defs.resolve_assets_def(AssetKey("semantic_graph"))
+    node = sg.node_def
+    assert json.loads(node.tags["dagster-k8s/config"]) == profiles.HEAVY_STEP_TAGS["libclang"]["dagster-k8s/config"]
+    assert node.pool == profiles.POOLS["libclang"] == "megacpp-libclang"
+    assert AssetKey("compile_commands") in graph.get(AssetKey("semantic_graph")).parent_keys
+    assert AssetKey("semantic_graph") in graph.get(AssetKey("chunked_documents")).parent_keys
+    assert {c.name for c in sg.check_specs} == {"every_tu_accounted", "semantic_schema"}
+
+
+def test_line_units_map_lines_to_the_unit_they_start_in():
+    text = "int a;\n\n// doc\nint f() {\n  return 1;\n}\nint g() { return f(); }\n"
+    units = enrich.file_units(text, "cpp")
+    names = [u[3] for u in units]
+    lines = np.arange(1, 9)
+    got = enrich.line_units(text, units, lines)
+    assert [names[i] if i >= 0 else None for i in got] == [None, "f", "f", "f", "f", "f", "g", None]
+    assert enrich.line_units(text, units, np.array([0, 99])).tolist() == [-1, -1]
+
+
+@pytest.fixture(scope="module")
+def semtest(tmp_path_factory):
+    from dagster import DagsterInstance
+
+    from megacpp_assets.cli import run_snapshot
+
+    root = make_data_root(tmp_path_factory.mktemp("semtest-root"))
+    home = tmp_path_factory.mktemp("semtest-home")
+    path = tmp_path_factory.mktemp("semtest-manifest") / "semtest.yaml"
+    path.write_text(SEMTEST)
+    old = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    try:
+        with DagsterInstance.get() as instance:
+            assert run_snapshot(str(path), str(root), instance=instance) == 0
+            yield SnapshotLayout(root, "semtest"), instance, path
+    finally:
+        if old is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = old
+
+
+def test_lane_outputs_and_checks(semtest):
+    layout, instance, _ = semtest
+    for src in ("lz4-4.4.5", "xxhash-4.1.0"):
+        rdir = layout.revision(src)
+        db = json.loads((rdir / "compile_commands.json").read_text())
+        assert db["shipped"] is False and db["revision"] and db["inputs_sha256"]
+        edges = read_parquet(rdir / "semantic_edges.parquet")
+        ok, detail = semantic_schema.validate_edges(edges)
+        assert ok, detail
+        bi = read_parquet(rdir / "build_info.parquet").to_pydict()
+        assert bi["file"] and set(bi["status"]) <= {"ok", "errors", "fatal", "timeout", "crashed"}
+        assert all(args for args in bi["arguments"])
+        figs = layout.read_figures("semantic_graph", src)
+        assert figs["enabled"] and figs["tu_coverage"] >= 0.9 and figs["call_coverage"] >= 0.8
+    from dagster import AssetCheckKey
+
+    from megacpp_assets.definitions import CHECKS
+
+    for asset in ("compile_commands", "semantic_graph", "chunked_documents", "tokenized_documents"):
+        for name in CHECKS[asset]:
+            key = AssetCheckKey(AssetKey(asset), name)
+            ex = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
+            assert ex.evaluation.passed, (asset, name)
+    card = layout.card.read_text()
+    assert "### libclang semantic graph lane" in card and "| lz4-4.4.5 | 8 |" in card
+
+
+def test_lane_edges_replace_tree_sitter_edges(semtest):
+    layout, _, path = semtest
+    m = manifest.load_manifest(path)
+    lane, figs = pipeline.semantic_unit_edges(layout, m)
+    assert figs["semantic_covered_files"] > 0
+    chunk_figs = layout.read_figures("chunk")
+    assert chunk_figs["semantic_graph"] is True and chunk_figs["documents_with_semantic_edges"] > 0
+    docs = read_parquet(layout.stage_dir("documents") / "chunks.parquet").to_pydict()
+    kept = read_parquet(layout.stage_dir("dedup") / "kept.parquet").to_pydict()
+    text_of = dict(zip(kept["doc_key"], zip(kept["text"], kept["language"])))
+    compared = with_edges = 0
+    for i, fk in enumerate(docs["file_key"]):
+        if fk not in lane:
+            continue
+        text, lang = text_of[fk]
+        fe = enrich.enrich_file(text, lang)
+        start, end = docs["start"][i], docs["end"][i]
+        picked = [k for k, u in enumerate(fe.units) if u.end > start and u.start < end]
+        index = {k: j for j, k in enumerate(picked)}
+        want = sorted((index[a], index[b]) for a, b in lane[fk]["call"] if a in index and b in index and a != b)
+        got = sorted((e["from"], e["to"]) for e in docs["call_edges"][i])
+        assert got == want, fk
+        compared += 1
+        with_edges += bool(want)
+    assert compared > 0 and with_edges > 0
+
+
+def test_stale_database_is_refused(semtest, tmp_path):
+    layout, _, path = semtest
+    m = manifest.load_manifest(path)
+    src = m.source("xxhash-4.1.0")
+    db_path = layout.revision(src.name) / "compile_commands.json"
+    original = db_path.read_text()
+    try:
+        doc = json.loads(original)
+        doc["revision"] = "0" * 64
+        db_path.write_text(json.dumps(doc))
+        with pytest.raises(pipeline.StageError, match="no current compile database"):
+            pipeline.run_semantic_graph(layout, m, src)
+    finally:
+        db_path.write_text(original)
+
+
+def test_lane_off_for_tiny(tiny_run):
+    root, _ = tiny_run
+    layout = SnapshotLayout(root, "tiny")
+    assert layout.read_figures("semantic_graph", "lz4-4.4.5") is not None
+    assert layout.read_figures("semantic_graph", "lz4-4.4.5")["enabled"] is False
+    assert not (layout.revision("lz4-4.4.5") / "semantic_edges.parquet").exists()
+    assert layout.read_figures("chunk")["semantic_graph"] is False
+    assert "Off for this snapshot (`settings.semantic_graph: false`)" in layout.card.read_text()
