@@ -52,10 +52,12 @@ def main(snapshot: Path, repeat: int = 1) -> dict:
             enrich.document_enrichment(fe, 0, len(text))
             platforms.scan_platforms(text)
 
-    def whole_stage():
-        for key, text, lang in files:
+    def whole_stage():  # as pipeline.run_chunk: whole files counted in one batch first
+        whole = [len(e.ids) for e in tok.encode_batch([t for _, t, _ in files], add_special_tokens=False)]
+        for (key, text, lang), n in zip(files, whole):
             parsed = chunk.parse_source(text, lang)
-            chunks, _ = chunk.split_document_with_stats(text, lang, counter, budget, key, parsed)
+            count = lambda s, text=text, n=n: n if s is text else counter(s)  # noqa: E731
+            chunks, _ = chunk.split_document_with_stats(text, lang, count, budget, key, parsed)
             fe = enrich.enrich_file(text, lang, parsed)
             for c in chunks:
                 enrich.document_enrichment(fe, c.start, c.end)

@@ -661,9 +661,19 @@ def run_chunk(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     enrich_seconds = 0.0
     lane_edges, lane_figs = semantic_unit_edges(layout, manifest) if enriching else ({}, {"semantic_graph": False})
     lane_docs = 0
-    counter = lambda text: tk.count_tokens(tok, text)  # noqa: E731
+    # every whole file is counted first in one parallel batch; most files fit whole
+    tk._require_literal_specials(tok)
+    whole_counts = [len(e.ids) for e in tok.encode_batch(d["text"], add_special_tokens=False)]
+    current: list = [None, 0]
+
+    def counter(text: str) -> int:
+        if text is current[0]:
+            return current[1]
+        return tk.count_tokens(tok, text)
+
     for i in range(kept.num_rows):
         text = d["text"][i]
+        current[:] = [text, whole_counts[i]]
         parsed = chunk.parse_source(text, d["language"][i]) if text else None
         chunks, stats = chunk.split_document_with_stats(text, d["language"][i], counter, budget, d["doc_key"][i], parsed)
         parse_errors += bool(stats.get("parse_errors"))
