@@ -34,11 +34,19 @@ def test_rbac_lets_the_sensor_list_pods():
     assert env["MEGACPP_PROFILE"] == "production"
 
 
-@pytest.mark.parametrize("step", sorted(HEAVY_STEP_TAGS))
-def test_step_pod_spec_from_our_tags(step):
+#: The heavy assets and the profile entry their tags come from.
+HEAVY_ASSETS = {"minhash_signatures": "minhash", "lsh_bands_00_07": "minhash", "semantic_graph": "libclang"}
+
+
+@pytest.mark.parametrize("asset_name", sorted(HEAVY_ASSETS))
+def test_step_pod_spec_from_our_tags(asset_name):
+    from dagster import AssetKey
     from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 
-    tags = {k: json.dumps(v) for k, v in HEAVY_STEP_TAGS[step].items()}
+    from megacpp_assets.definitions import defs
+
+    step = HEAVY_ASSETS[asset_name]
+    tags = dict(defs.resolve_assets_def(AssetKey(asset_name)).node_def.tags)  # the asset's real op tags
     job = construct_dagster_k8s_job(
         job_config=DagsterK8sJobConfig(job_image="registry.example.internal/megacpp/code-location:0.1.0",
                                        dagster_home="/opt/dagster/dagster_home"),
@@ -54,12 +62,12 @@ def test_step_pod_spec_from_our_tags(step):
     assert POOLS[step].startswith("megacpp-")
 
 
-def test_minhash_steps_carry_tags_and_pool():
+def test_heavy_steps_carry_tags_and_pool():
     from dagster import AssetKey
 
     from megacpp_assets.definitions import defs
 
-    for key in ("minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14"):
+    for key, step in {**HEAVY_ASSETS, "lsh_bands_07_14": "minhash"}.items():
         node = defs.resolve_assets_def(AssetKey(key)).node_def
-        assert json.loads(node.tags["dagster-k8s/config"]) == HEAVY_STEP_TAGS["minhash"]["dagster-k8s/config"], key
-        assert node.pool == POOLS["minhash"], key
+        assert json.loads(node.tags["dagster-k8s/config"]) == HEAVY_STEP_TAGS[step]["dagster-k8s/config"], key
+        assert node.pool == POOLS[step], key
