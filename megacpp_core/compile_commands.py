@@ -31,7 +31,9 @@ Two ways to build it, in this order:
 2. **Synthesized** — one entry per translation unit (``.c`` → ``-x c -std=c11``;
    ``.cc .cpp .cxx .c++`` → ``-x c++ -std=c++17``; ``.cu`` → :data:`CUDA_ARGS`); include
    directories: the TU's own directory first, then every directory of the tree that holds a
-   header (:data:`HEADER_EXTENSIONS`), sorted; no defines. Each directory is passed twice,
+   header (:data:`HEADER_EXTENSIONS`), sorted, then the include roots (:func:`include_roots`:
+   for every ``#include "a/b.h"`` of the tree's files, each directory ``D`` with a header
+   ``D/a/b.h``), sorted; no defines. Each directory is passed twice,
    first all as ``-iquote D`` then all as ``-idirafter D``: quoted includes find the tree's
    headers before the system's, angle includes find the system's first. With plain ``-I``
    a header of the tree named like a system header shadows it for every TU — llama.cpp's
@@ -72,6 +74,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 import shlex
 from collections import Counter
 from dataclasses import dataclass, field
@@ -97,7 +100,7 @@ __all__ = [
 ]
 
 #: Version of the database rules; part of :func:`inputs_sha256`, so a rule change regenerates.
-DATABASE_VERSION = "1"
+DATABASE_VERSION = "2"
 
 #: Translation-unit extension (lower case) → language arguments of a synthesized entry.
 _C_ARGS = ["-x", "c", "-std=c11"]
@@ -262,13 +265,52 @@ def is_translation_unit(path: str) -> bool:
     return _ext(path) in TU_EXTENSIONS
 
 
+#: ``#include "a/b.h"`` / ``#include <a/b.h>`` lines (read as text; nothing is preprocessed).
+_INCLUDE_RE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"\n]+)[>"]', re.MULTILINE)
+
+
+def include_paths(files: list[tuple[str, bytes]]) -> list[str]:
+    """Sorted unique include paths with a directory part (``grpc/support/log.h``) named by
+    the ``#include`` lines of the C/C++ files (TUs and headers); ``..``-relative and
+    absolute ones are ignored."""
+    seen: set[str] = set()
+    for p, data in files:
+        if _ext(p) in TU_EXTENSIONS or _ext(p) in HEADER_EXTENSIONS:
+            for m in _INCLUDE_RE.finditer(data):
+                inc = m.group(1).decode("utf-8", "replace").strip()
+                if "/" in inc and not inc.startswith(("/", "../", "./")) and "/../" not in inc:
+                    seen.add(inc)
+    return sorted(seen)
+
+
+def include_roots(paths: list[str], includes: list[str]) -> list[str]:
+    """Directories ``D`` of the tree such that ``D/INC`` is a header of the tree for some
+    include path ``INC`` of :func:`include_paths` — the roots project-relative includes
+    (``#include <absl/base/config.h>``) are written against. Sorted; ``"."`` for the top."""
+    by_suffix: dict[str, set[str]] = {}
+    for p in paths:
+        if _ext(p) not in HEADER_EXTENSIONS:
+            continue
+        parts = p.split("/")
+        for k in range(1, len(parts) - 1):  # suffixes with at least one directory
+            by_suffix.setdefault("/".join(parts[k:]), set()).add("/".join(parts[:k]))
+        if len(parts) > 1:
+            by_suffix.setdefault(p, set()).add(".")
+    roots: set[str] = set()
+    for inc in includes:
+        roots |= by_suffix.get(inc, set())
+    return sorted(roots)
+
+
 def inputs_sha256(files: list[tuple[str, bytes]]) -> str:
-    """sha256 (hex) over :data:`DATABASE_VERSION`, the sorted list of every path, and
-    ``(path, sha256(content))`` of every build file (:func:`is_build_file`). Content changes
-    of other files do not change it (the database depends only on their paths)."""
+    """sha256 (hex) over :data:`DATABASE_VERSION`, the sorted list of every path,
+    ``(path, sha256(content))`` of every build file (:func:`is_build_file`) and the include
+    paths of :func:`include_paths` (they choose the include roots). Other content changes
+    do not change it (the database depends only on these)."""
     paths = sorted(p for p, _ in files)
     build = sorted((p, hashlib.sha256(d).hexdigest()) for p, d in files if is_build_file(p))
-    doc = json.dumps({"version": DATABASE_VERSION, "paths": paths, "build_files": build},
+    doc = json.dumps({"version": DATABASE_VERSION, "paths": paths, "build_files": build,
+                      "includes": include_paths(files)},
                      sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(doc.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -290,8 +332,10 @@ def _include_args(dirs: list[str]) -> list[str]:
 
 # --------------------------------------------------------------------------- synthesis
 
-def _synthesize(paths: list[str], cuda_args: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _synthesize(paths: list[str], cuda_args: list[str], includes: list[str] = ()) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     hdirs = _header_dirs(paths)
+    roots = [d for d in include_roots(paths, list(includes)) if d not in set(hdirs)]
+    hdirs = hdirs + roots
     entries = []
     langs: Counter[str] = Counter()
     for p in sorted(paths):
@@ -303,7 +347,8 @@ def _synthesize(paths: list[str], cuda_args: list[str]) -> tuple[list[dict[str, 
         lang = cuda_args if ext == ".cu" else TU_EXTENSIONS[ext]
         entries.append({"file": p, "arguments": [*lang, *_include_args(dirs)], "directory": "."})
         langs[ext] += 1
-    return entries, {"tus": len(entries), "include_dirs": len(hdirs), "tus_by_extension": dict(sorted(langs.items()))}
+    return entries, {"tus": len(entries), "include_dirs": len(hdirs), "include_roots": len(roots),
+                     "tus_by_extension": dict(sorted(langs.items()))}
 
 
 # --------------------------------------------------------------------------- shipped
@@ -511,7 +556,7 @@ def build_database(files: list[tuple[str, bytes]], revision: str, *, cuda_mode: 
                 figs["shipped_rejected"] = rejected
             return CompileDatabase(entries, True, cand, digest, revision, figs)
         rejected.append(f"{cand}: no entry maps into the tree")
-    entries, figs = _synthesize(paths, CUDA_MODES[cuda_mode])
+    entries, figs = _synthesize(paths, CUDA_MODES[cuda_mode], include_paths(files))
     figs["entries"] = len(entries)
     if cuda_mode != "c++":
         figs["cuda_mode"] = cuda_mode

@@ -407,3 +407,29 @@ def test_materialize_tree_refuses_unsafe_paths(tmp_path):
         semantic.run_semantic(tmp_path / "ok", cc.build_database([("a.c", b"")], "r"), workers=0)
     with pytest.raises(FileNotFoundError):
         semantic.run_semantic(tmp_path / "missing", cc.build_database([("a.c", b"")], "r"))
+
+
+def test_include_roots_resolve_project_relative_includes(tmp_path):
+    files = [
+        ("third_party/abseil/absl/base/config.h", b"#define ABSL 1\n"),
+        ("src/core/lib.h", b'#include <absl/base/config.h>\nint lib(void);\n'),
+        ("src/core/lib.c", b'#include "core/lib.h"\n#include <absl/base/config.h>\nint lib(void) { return ABSL; }\n'),
+        ("src/main.c", b'#include "core/lib.h"\n#include <missing/nowhere.h>\nint main(void) { return lib(); }\n'),
+    ]
+    assert cc.include_paths(files) == ["absl/base/config.h", "core/lib.h", "missing/nowhere.h"]
+    paths = [p for p, _ in files]
+    assert cc.include_roots(paths, cc.include_paths(files)) == ["src", "third_party/abseil"]
+    db = cc.build_database(files, "r1")
+    args = next(e["arguments"] for e in db.entries if e["file"] == "src/core/lib.c")
+    pairs = list(zip(args, args[1:]))
+    for root in ("src", "third_party/abseil"):
+        assert ("-iquote", root) in pairs and ("-idirafter", root) in pairs
+    assert db.figures["include_roots"] == 2
+    semantic.materialize_tree(files, tmp_path, db)
+    res = semantic.run_semantic(tmp_path, db, workers=1, timeout_s=60)
+    status = dict(zip(res.build_info.column("file").to_pylist(), res.build_info.column("status").to_pylist()))
+    assert status["src/core/lib.c"] == "ok"  # both project-relative includes resolve
+    assert status["src/main.c"] == "fatal"  # a header absent from the tree stays missing
+    # the include lines are inputs of the database
+    changed = [(p, d.replace(b"<absl/base/config.h>", b"<absl/base/other.h>")) for p, d in files]
+    assert cc.inputs_sha256(changed) != cc.inputs_sha256(files)
