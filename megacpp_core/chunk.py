@@ -244,9 +244,9 @@ _BRACE_LEX = re.compile(
     r'R"(?P<delim>[^()\\\s"]{0,16})\((?:.|\n)*?\)(?P=delim)"'
     r'|"(?:\\.|[^"\\\n])*"'
     r"|'(?:\\.|[^'\\\n])*'"
-    r"|//(?:\\\n|[^\n])*"
+    r"|//(?:\\\r?\n|[^\n])*"
     r"|/\*(?:.|\n)*?\*/"
-    r"|^[ \t]*\#(?:\\\n|[^\n])*"
+    r"|^[ \t]*\#(?:\\\r?\n|[^\n])*"
     r"|[{};]",
     re.MULTILINE,
 )
@@ -314,8 +314,10 @@ class _Splitter:
         return byte if self.b2c is None else int(self.b2c[byte])
 
     def brace_pieces(self, lo: int, hi: int, level: int, depth: int) -> list[_Piece]:
-        """Pieces of ``[lo, hi)`` cut by :func:`brace_cuts` at ``level``."""
-        bounds = [lo, *brace_cuts(self.text, lo, hi, level), hi]
+        """Pieces of ``[lo, hi)`` cut by :func:`brace_cuts`: at depth 0 for the file
+        (``level`` 0), one brace level inside the piece for an expansion (``level`` > 0,
+        the pieces' nesting, kept for information)."""
+        bounds = [lo, *brace_cuts(self.text, lo, hi, 0 if level == 0 else 1), hi]
         return [_Piece(a, b, (), None, depth, level) for a, b in zip(bounds, bounds[1:]) if a < b]
 
     def span(self, node) -> tuple[int, int]:

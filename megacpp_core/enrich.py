@@ -4,8 +4,9 @@ One tree-sitter parse of a file (shared with the chunker, :class:`chunk.ParsedSo
 
 - **Per-character planes** (numpy uint8, one value per ``str`` character of the file):
   ``structure`` (:class:`~megacpp_core.chunk.StructureCategory` 0..8), ``ast_depth``
-  (depth of the innermost named node holding the character, root 0, clamped 63),
-  ``sibling_index`` (its index among its parent's named children, clamped 63) and
+  (depth of the innermost node holding the character — named or anonymous, so a leaf such
+  as an identifier, keyword, operator or punctuation token where there is one — root 0,
+  clamped 63), ``sibling_index`` (its index among all its parent's children, clamped 63) and
   ``ast_node_type`` (its 256-bucket type from the versioned map of
   :mod:`megacpp_core.ast_types`). Stage 8 samples them per token
   (:func:`megacpp_core.tokenize.align_document`).
@@ -73,13 +74,14 @@ _S = StructureCategory
 _PREAMBLE = {"preproc_include", "preproc_def", "preproc_function_def", "preproc_call"}
 _PREPROC_BLOCKS = {"preproc_if", "preproc_ifdef", "preproc_elif", "preproc_else", "preproc_elifdef"}
 _CLASSLIKE = {"class_specifier", "struct_specifier", "union_specifier", "enum_specifier"}
-_MEMBERS = {"field_declaration", "enumerator", "friend_declaration", "using_declaration", "static_assert_declaration"}
+_MEMBERS = {"field_declaration", "enumerator", "friend_declaration"}  # only ever inside a class or enum body
+_CLASS_ONLY_MEMBERS = {"using_declaration", "static_assert_declaration"}  # members only inside a class body
 _TYPEDEFS = {"type_definition", "alias_declaration"}
 _CONTAINERS = {"namespace_definition", "linkage_specification"}
 #: Nodes whose subtree names types that count as type uses (base classes, members, parameters).
 _TYPE_CONTEXTS = {"base_class_clause", "field_declaration", "parameter_declaration",
                   "optional_parameter_declaration", "variadic_parameter_declaration"}
-_SPECIAL = (_PREAMBLE | _PREPROC_BLOCKS | _CLASSLIKE | _MEMBERS | _TYPEDEFS | _CONTAINERS | _TYPE_CONTEXTS
+_SPECIAL = (_PREAMBLE | _PREPROC_BLOCKS | _CLASSLIKE | _MEMBERS | _CLASS_ONLY_MEMBERS | _TYPEDEFS | _CONTAINERS | _TYPE_CONTEXTS
             | {"comment", "function_definition", "declaration", "template_declaration", "call_expression",
                "type_identifier", "compound_statement", "declaration_list", "field_declaration_list"})
 
@@ -122,9 +124,11 @@ def _declarator_name(node) -> str | None:
 
 
 def _is_function_declarator(node) -> bool:
+    """True when a declarator declares a function (not a pointer to one: ``int (*fp)(int)``)."""
     while node is not None:
         if node.type == "function_declarator":
-            return True
+            inner = node.child_by_field_name("declarator")
+            return inner is None or inner.type != "parenthesized_declarator"
         node = node.child_by_field_name("declarator")
     return False
 
@@ -292,7 +296,7 @@ class _Walk:
                 paint.append((sb, eb, _S.CLASS_MEMBER if in_class else _S.FUNC_SIGNATURE))
             elif in_class:
                 paint.append((sb, eb, _S.CLASS_MEMBER))
-        elif t in _MEMBERS:
+        elif t in _MEMBERS or (t in _CLASS_ONLY_MEMBERS and in_class):
             paint.append((sb, eb, _S.CLASS_MEMBER))
         elif t in _TYPEDEFS:
             paint.append((sb, eb, _S.TYPEDEF))
@@ -338,15 +342,16 @@ def _ast_planes(parsed: ParsedSource, w: _Walk, char_bytes: np.ndarray) -> tuple
         z = np.zeros(n, dtype=np.uint8)
         return z, z.copy(), z.copy()
     idx = np.searchsorted(w.starts, char_bytes, side="right") - 1
+    # walk up only the positions still outside their node (each pass shrinks the set, so
+    # deep chains such as long else-if ladders stay linear in the positions that move)
+    act = np.flatnonzero(idx >= 0)
+    act = act[w.ends[idx[act]] <= char_bytes[act]]
+    while act.size:
+        idx[act] = w.parents[idx[act]]
+        act = act[idx[act] >= 0]
+        act = act[w.ends[idx[act]] <= char_bytes[act]]
     live = idx >= 0
-    while True:
-        safe = np.where(idx >= 0, idx, 0)
-        out = live & (w.ends[safe] <= char_bytes)
-        if not out.any():
-            break
-        idx = np.where(out, w.parents[safe], idx)
-        live = idx >= 0
-    safe = np.where(idx >= 0, idx, 0)
+    safe = np.where(live, idx, 0)
     depth = np.minimum(w.depths[safe], MAX_DEPTH).astype(np.uint8)
     sib = np.minimum(w.sibs[safe], MAX_DEPTH).astype(np.uint8)
     table = ast_types.bucket_table(parsed.grammar)

@@ -21,7 +21,7 @@ planes             int64 [L]   only the requested/enabled ones (0 on pad)
 ``valid_token_count`` (SPEC §6: never stored as the only truth).
 
 Required columns (:data:`megacpp_core.pack.ROW_SCHEMA`) are strict: missing, wrong
-length, id ≥ vocab, or a row breaking the contract → :class:`LoaderError` naming the
+length, id ≥ vocab, or a row breaking the token-level contract → :class:`LoaderError` naming the
 file and the row. Optional columns requested through ``planes`` are tolerant: absent or
 malformed (wrong length, null, value above the plane's range, non-zero on pad) → the
 deterministic default (zeros; an empty chunk list), counted in :attr:`defaulted`. Columns
@@ -80,11 +80,12 @@ class PackedRowsDataset(torch.utils.data.Dataset):
     ``planes``: optional columns to yield, tolerant. ``features``: names from
     :data:`FEATURES`; their columns are yielded and strict. ``tokenizer_sha256`` /
     ``vocab_size``: expected tokenizer (refuse a mismatch). Required columns are strict:
-    a wrong length, a null, an id ≥ vocab, a row not starting with BOS, a loss_mask value
-    other than 0/1 or a ``valid_token_count`` outside [1, L] is a :class:`LoaderError`
-    naming the file and row; ``full_contract=True`` re-checks the whole SPEC §6 row
-    contract as well (``doc_ids``, ``num_docs``, targets, loss mask placement — what the
-    producer and ``megacpp verify`` already assert). Rows are held in memory as numpy
+    a wrong length, a null, an id ≥ vocab, a row not starting with BOS, a token after the
+    valid prefix, a target that is not the next in-document token, a loss_mask value other
+    than 0/1 or set where the target is not real, or a ``valid_token_count`` outside
+    [1, L] is a :class:`LoaderError` naming the file and row; ``full_contract=True`` also
+    reads and checks the stored ``doc_ids`` and ``slack_tokens``, which the loader derives
+    instead of reading (the producer and ``megacpp verify`` assert them). Rows are held in memory as numpy
     matrices (rows × L per column). Raises :class:`LoaderError`,
     :class:`megacpp_core.pack.IncompleteShardsError` or
     :class:`megacpp_core.pack.TokenizerMismatchError`.
@@ -124,9 +125,9 @@ class PackedRowsDataset(torch.utils.data.Dataset):
 
     #: Row columns the loader reads: what it yields (``doc_ids``, segments and positions
     #: are derived from ``input_ids``, never read).
-    CORE_COLUMNS = ("input_ids", "target_ids", "loss_mask", "valid_token_count")
+    CORE_COLUMNS = ("input_ids", "target_ids", "loss_mask", "valid_token_count", "num_docs")
     #: Read as well with ``full_contract=True``.
-    CONTRACT_COLUMNS = ("doc_ids", "num_docs", "slack_tokens")
+    CONTRACT_COLUMNS = ("doc_ids", "slack_tokens")
 
     def _load(self, path: Path, parts: dict) -> None:
         names = pq.read_schema(path).names
@@ -140,6 +141,9 @@ class PackedRowsDataset(torch.utils.data.Dataset):
         try:
             inp, tgt, msk = (pack._matrix(table, c, L, where) if n else np.zeros((0, L), np.uint32)
                              for c in self.CORE_COLUMNS[:3])
+            for c in ("valid_token_count", "num_docs"):
+                if table.column(c).null_count:
+                    raise pack.RowContractError(f"{where}: {c} has {table.column(c).null_count} null values")
             valid = table.column("valid_token_count").to_numpy() if n else np.zeros(0, np.int32)
             if n and self.full_contract:
                 pack.check_row_arrays(inp, tgt, msk, pack._matrix(table, "doc_ids", L, where), valid,
@@ -160,9 +164,12 @@ class PackedRowsDataset(torch.utils.data.Dataset):
             parts[c].append(self._structure(table, c, path))
 
     def _check_strict(self, inp: np.ndarray, tgt: np.ndarray, msk: np.ndarray, valid: np.ndarray, where: str) -> None:
-        """Length and range checks of the yielded columns (lengths and nulls were checked
-        by ``pack._matrix``): ids < vocab, BOS first, loss_mask in {0, 1},
-        ``valid_token_count`` in [1, L]. Raises :class:`megacpp_core.pack.RowContractError`."""
+        """The token-level contract of the yielded columns (lengths and nulls were checked by
+        ``pack._matrix``): ``valid_token_count`` in [1, L], BOS first, ids < vocab, PAD after
+        the valid prefix, ``target_ids`` the next token of the same document (PAD elsewhere),
+        ``loss_mask`` 0/1 and 1 only where the target is real. Only ``doc_ids``,
+        ``num_docs`` and ``slack_tokens``, which the loader derives instead of reading, are
+        left to ``full_contract``. Raises :class:`megacpp_core.pack.RowContractError`."""
         def fail(mask: np.ndarray, rule: str) -> None:
             rows = np.nonzero(mask)[0]
             if len(rows):
@@ -171,8 +178,14 @@ class PackedRowsDataset(torch.utils.data.Dataset):
         fail((valid < 1) | (valid > self.L), "valid_token_count outside [1, L]")
         fail(inp[:, 0] != tk.BOS_ID, "first token is not BOS")
         fail(inp.max(axis=1) >= self.vocab, f"input id ≥ vocab size {self.vocab}")
-        fail(tgt.max(axis=1) >= self.vocab, f"target id ≥ vocab size {self.vocab}")
-        fail(msk.max(axis=1) > 1, "loss_mask holds a value other than 0/1")
+        in_valid = np.arange(self.L)[None, :] < valid[:, None]
+        fail(((inp != tk.PAD_ID) & ~in_valid).any(axis=1), "non-PAD token after valid_token_count")
+        nxt_same = np.zeros_like(in_valid)
+        nxt_same[:, :-1] = in_valid[:, 1:] & (inp[:, 1:] != tk.BOS_ID)
+        fail((tgt[:, :-1] != np.where(nxt_same[:, :-1], inp[:, 1:], tk.PAD_ID)).any(axis=1) | (tgt[:, -1] != tk.PAD_ID),
+             "target_ids is not the next in-document token")
+        fail((msk > 1).any(axis=1), "loss_mask holds a value other than 0/1")
+        fail(((msk == 1) & ~nxt_same).any(axis=1), "loss_mask is 1 where the target is not a real in-document token")
 
     def _malformed(self, column: str, path: Path, why: str) -> None:
         if column in self.strict:

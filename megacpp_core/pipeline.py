@@ -330,19 +330,28 @@ def run_semantic_graph(layout: SnapshotLayout, manifest: Manifest, source: Sourc
     kept = read_parquet(rdir / "scrubbed.parquet", columns=["path", "language", "text"]).to_pydict()
     kept_text = {p: (t, lang) for p, lang, t in zip(kept["path"], kept["language"], kept["text"])}
     tus = dataclasses.replace(db, entries=[e for e in db.entries if e["file"] in kept_text])
+    # kept files are parsed as scrubbed (no secret reaches libclang, and its line numbers
+    # are those of the text the units come from); other files of the tree as fetched
+    tree_files = [(p, kept_text[p][0].encode("utf-8", "surrogatepass") if p in kept_text else data) for p, data in files]
     s = manifest.settings
     with tempfile.TemporaryDirectory(prefix="semantic-", dir=rdir) as tmp:
-        semantic.materialize_tree(files, Path(tmp), tus)
+        semantic.materialize_tree(tree_files, Path(tmp), tus)
         result = semantic.run_semantic(tmp, tus, workers=s.semantic_workers, timeout_s=s.semantic_timeout_s)
     edges = result.edges
     chunk_cols = {"from_chunk": np.full(edges.num_rows, -1, np.int32), "to_chunk": np.full(edges.num_rows, -1, np.int32)}
+    rows_by_file: dict[tuple[str, str], list[int]] = {}
     for end in ("from", "to"):
-        fcol = np.asarray(edges.column(f"{end}_file").to_pylist(), dtype=object)
-        lines = edges.column(f"{end}_line").to_numpy(zero_copy_only=False)
-        for path in sorted(set(fcol.tolist()) & set(kept_text)):
-            text, lang = kept_text[path]
-            idx = np.flatnonzero(fcol == path)
-            chunk_cols[f"{end}_chunk"][idx] = enrich.line_units(text, enrich.file_units(text, lang), lines[idx])
+        for k, path in enumerate(edges.column(f"{end}_file").to_pylist()):
+            if path in kept_text:
+                rows_by_file.setdefault((path, end), []).append(k)
+    units_of: dict[str, list] = {}
+    for (path, end), rows in sorted(rows_by_file.items()):
+        text, lang = kept_text[path]
+        if path not in units_of:
+            units_of[path] = enrich.file_units(text, lang)
+        idx = np.asarray(rows, dtype=np.int64)
+        lines = edges.column(f"{end}_line").take(pa.array(idx)).to_numpy(zero_copy_only=False)
+        chunk_cols[f"{end}_chunk"][idx] = enrich.line_units(text, units_of[path], lines)
     for name, arr in chunk_cols.items():
         edges = edges.append_column(pa.field(name, pa.int32()), pa.array(arr, mask=arr < 0, type=pa.int32()))
     write_parquet(edges, rdir / "semantic_edges.parquet")
@@ -663,7 +672,9 @@ def run_chunk(layout: SnapshotLayout, manifest: Manifest) -> StageResult:
     lane_docs = 0
     # every whole file is counted first in one parallel batch; most files fit whole
     tk._require_literal_specials(tok)
-    whole_counts = [len(e.ids) for e in tok.encode_batch(d["text"], add_special_tokens=False)]
+    whole_counts: list[int] = []
+    for b in range(0, len(d["text"]), 4096):  # batches: keep the lengths, not the encodings
+        whole_counts.extend(len(e.ids) for e in tok.encode_batch(d["text"][b:b + 4096], add_special_tokens=False))
     current: list = [None, 0]
 
     def counter(text: str) -> int:
@@ -818,7 +829,7 @@ def align_enrichment(table: pa.Table, tok, tokenizer_sha256: str) -> tuple[pa.Ta
     :class:`StageError` naming the document on any misalignment. Figures: the share of
     tokens per StructureCategory and the chunks dropped for holding no token start."""
     table_bytes, lengths = tokenize.byte_table(tok, tokenizer_sha256)
-    d = table.select(["doc_key", "text", "input_ids", "char_chunk_boundaries", "call_edges", "type_edges",
+    d = table.select(["doc_key", "text", "char_chunk_boundaries", "call_edges", "type_edges",
                       *tokenize.CHAR_PLANES]).to_pydict()
     ids_col = table.column("input_ids").combine_chunks()
     offsets = ids_col.offsets.to_numpy()

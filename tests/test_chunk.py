@@ -324,3 +324,14 @@ def test_buckets():
     assert bucket_for(16385) == 65536 and bucket_for(131072) == 131072
     with pytest.raises(ValueError):
         bucket_for(131073)
+
+
+def test_brace_splitter_recurses_below_the_first_level():
+    inner = "".join(f"      y += {i};\n" for i in range(30))
+    text = "MACRO(a)\nint f(int x) {\n  int y = 0;\n  while (x--) {\n" + inner + "  }\n  return y;\n}\n"
+    assert parse_source(text, "cpp").has_error_nodes
+    chunks, stats = split_document_with_stats(text, "cpp", count, 60, "deep.cpp")
+    check(text, chunks, count, 60)
+    assert stats["brace_fallback"] and stats["fallback_splits"] == 0  # statements, never bare lines
+    for c in chunks[:-1]:
+        assert text[c.end - 2:c.end] in (";\n", "{\n", "}\n", ")\n")

@@ -199,3 +199,27 @@ def test_parsed_source_is_shared_and_checked():
     assert a.structure.tobytes() == b.structure.tobytes() and a.ast_node_type.tobytes() == b.ast_node_type.tobytes()
     with pytest.raises(ValueError):
         enrich.enrich_file(text + " ", "c", parsed)
+
+
+def test_using_and_static_assert_are_members_only_inside_classes():
+    text = ("using namespace std;\nusing std::vector;\nstatic_assert(sizeof(int) == 4, \"x\");\n"
+            "class K {\n  using T = int;\n  using Base::f;\n  static_assert(true, \"y\");\n};\n"
+            "int (*fp)(int);\nint proto(int);\n")
+    fe = enrich.enrich_file(text, "cpp")
+    assert cats(text, fe, "using namespace std;") == {S.OTHER}
+    assert cats(text, fe, "using std::vector;") == {S.OTHER}
+    assert cats(text, fe, "static_assert(sizeof(int) == 4, \"x\");") == {S.OTHER}
+    assert cats(text, fe, "using Base::f;") == {S.CLASS_MEMBER}
+    assert cats(text, fe, "static_assert(true, \"y\");") == {S.CLASS_MEMBER}
+    assert cats(text, fe, "int (*fp)(int);") == {S.OTHER}  # a function pointer is not a prototype
+    assert cats(text, fe, "int proto(int);") == {S.FUNC_SIGNATURE}
+    kinds = {u.name: u.kind for u in fe.units}
+    assert kinds.get("proto") == "FUNC_SIGNATURE" and "fp" not in kinds
+
+
+def test_deep_else_if_ladder():
+    n = 3000  # nests about 2n deep: the ancestor walk must not revisit every character per level
+    text = "int f(int x) {\n" + "".join(f"  {'else ' if i else ''}if (x == {i}) return {i};\n" for i in range(n)) + "  return -1;\n}\n"
+    fe = enrich.enrich_file(text, "cpp")
+    assert fe.ast_depth.max() == 63 and len(fe.ast_node_type) == len(text)
+    assert fe.structure[text.index("return -1")] == S.FUNC_BODY

@@ -172,3 +172,37 @@ def test_loader_reads_the_tiny_snapshot(tiny_run):
     item = ds[0]
     assert int(item["cu_seqlens"][-1]) == sentinel["row_length"]
     assert int((item["position_ids"] == 0).sum()) == len(item["cu_seqlens"]) - 1
+
+
+def test_null_valid_count_and_loss_on_padding_are_refused(tmp_path):
+    _shards(tmp_path)
+
+    def null_valid(t):
+        vals = t.column("valid_token_count").to_pylist()
+        vals[0] = None
+        return t.set_column(t.schema.get_field_index("valid_token_count"), "valid_token_count", pa.array(vals, pa.int32()))
+
+    _rewrite(tmp_path, null_valid)
+    with pytest.raises(loader.LoaderError, match="valid_token_count has 1 null"):
+        loader.PackedRowsDataset(tmp_path)
+    _shards(tmp_path)
+    _rewrite(tmp_path, _set_matrix("loss_mask", 0, L - 1, 1, pa.uint8()))  # loss on the last (PAD) position
+    with pytest.raises(loader.LoaderError, match="loss_mask is 1 where the target is not a real in-document token"):
+        loader.PackedRowsDataset(tmp_path)
+    _shards(tmp_path)
+    _rewrite(tmp_path, _set_matrix("target_ids", 0, 2, 7, pa.uint32()))
+    with pytest.raises(loader.LoaderError, match="target_ids is not the next in-document token"):
+        loader.PackedRowsDataset(tmp_path)
+
+
+def test_platform_ids_load_without_the_full_contract(tmp_path):
+    docs = []
+    for i, n in enumerate((20, 30, 11)):
+        ids = np.full(n, 70 + i, dtype=np.uint32)
+        ids[0] = BOS
+        docs.append(pack.PackInput(ids, f"s/f{i}.c#0", "s", "r", f"f{i}.c", 0, extras={"platform_ids": [1, 2 + i]}))
+    rows = pack.build_rows(docs, L, BOS, PAD, optional=("platform_ids",))
+    pack.write_shards(rows, tmp_path, row_length=L, vocab_size=V, tokenizer_sha256="ab" * 32, validation_fraction=0.0)
+    ds = loader.PackedRowsDataset(tmp_path, features=["platform_conditioning"])
+    got = sorted(tuple(p) for i in range(len(ds)) for p in ds[i]["platform_ids"])
+    assert got == [(1, 2), (1, 3), (1, 4)]

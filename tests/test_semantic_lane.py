@@ -160,3 +160,48 @@ def test_lane_off_for_tiny(tiny_run):
     assert not (layout.revision("lz4-4.4.5") / "semantic_edges.parquet").exists()
     assert layout.read_figures("chunk")["semantic_graph"] is False
     assert "Off for this snapshot (`settings.semantic_graph: false`)" in layout.card.read_text()
+
+
+KEY_C = (
+    "// SPDX-License-Identifier: MIT\n"
+    "/* A test key table: the private key below is redacted by the scrub stage. */\n"
+    "static const char *test_key =\n"
+    '"-----BEGIN RSA PRIVATE KEY-----\\n"\n'
+    '"MIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM9Oi6tWAr3x5KYXk3sQ1Zq6Xv9dE\\n"\n'
+    '"Jq1c3kLrN6n0R8cYw4D2QmQ9vO1aXr0pWz4uXo9H0N1S9Yk0qL2c8F7mZ1yT3bQ\\n"\n'
+    '"-----END RSA PRIVATE KEY-----\\n";\n'
+    "\n"
+    "static int helper(int v) { return v * 2 + (int)test_key[0]; }\n"
+    "\n"
+    "int caller(int v) {\n"
+    "    return helper(v) + helper(v + 1);\n"
+    "}\n"
+)
+
+
+def test_lane_lines_follow_the_scrubbed_text(tmp_path):
+    """A multi-line redaction shortens the file: libclang must see the scrubbed text, so its
+    line numbers land on the units the documents are cut from (and no secret reaches it)."""
+    from megacpp_core import scrub
+
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    (src_dir / "key.c").write_text(KEY_C)
+    m_path = tmp_path / "lane.yaml"
+    m_path.write_text(f"name: lanelines\nsettings:\n  semantic_graph: true\nsources:\n"
+                      f"  - {{name: keys, kind: local, path: {src_dir}, label: t1}}\n")
+    m = manifest.load_manifest(m_path)
+    layout = SnapshotLayout(make_data_root(tmp_path / "root"), m.name)
+    src = m.sources[0]
+    for stage in (pipeline.run_acquire, pipeline.run_quality, pipeline.run_license, pipeline.run_scrub,
+                  pipeline.run_compile_commands, pipeline.run_semantic_graph):
+        stage(layout, m, src)
+    text = read_parquet(layout.revision(src.name) / "scrubbed.parquet").column("text")[0].as_py()
+    assert text.count("\n") < KEY_C.count("\n") and not scrub.find_leaks(text)
+    edges = read_parquet(layout.revision(src.name) / "semantic_edges.parquet").to_pydict()
+    units = enrich.file_units(text, "c")
+    calls = [(units[a][3], units[b][3]) for k, a, b in zip(edges["kind"], edges["from_chunk"], edges["to_chunk"]) if k == "call"]
+    assert calls == [("caller", "helper")]
+    lines = text.split("\n")
+    k = edges["kind"].index("call")
+    assert "helper(v)" in lines[edges["from_line"][k] - 1] and "static int helper" in lines[edges["to_line"][k] - 1]
