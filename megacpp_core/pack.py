@@ -224,7 +224,7 @@ def _check_input(d: PackInput, bos_id: int, optional: Sequence[str]) -> None:
             a = np.asarray(d.extras[p])
             if a.shape != (m,):
                 raise PackingError(f"{d.doc_key}: plane {p} has {a.size} entries for {m} tokens")
-            if a.size and (a.min() < 0 or a.max() > 255):
+            if a.dtype != np.uint8 and a.size and (a.min() < 0 or a.max() > 255):  # uint8 holds nothing else
                 raise PackingError(f"{d.doc_key}: plane {p} values outside uint8")
     if "chunk_boundaries" in optional:
         for j, c in enumerate(d.extras["chunk_boundaries"]):
