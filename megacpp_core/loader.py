@@ -115,7 +115,10 @@ class PackedRowsDataset(torch.utils.data.Dataset):
         for name in files:
             self._load(self.directory / name, parts)
         L = self.L
-        cat = lambda k, dt: np.concatenate(parts[k]) if parts[k] else np.zeros((0, L), dt)
+        def cat(k: str, dt) -> np.ndarray:  # one shard: no copy
+            if not parts[k]:
+                return np.zeros((0, L), dt)
+            return parts[k][0] if len(parts[k]) == 1 else np.concatenate(parts[k])
         self.input_ids = cat("input_ids", np.uint32)
         self.target_ids = cat("target_ids", np.uint32)
         self.loss_mask = cat("loss_mask", np.uint8)
@@ -157,7 +160,7 @@ class PackedRowsDataset(torch.utils.data.Dataset):
         parts["target_ids"].append(tgt.astype(np.uint32, copy=False))
         parts["loss_mask"].append(msk.astype(np.uint8, copy=False))
         parts["valid"].append(valid)
-        in_valid = np.arange(L)[None, :] < valid[:, None]
+        in_valid = np.arange(L)[None, :] < valid[:, None] if self.planes else None
         for p in self.planes:
             parts[p].append(self._plane(table, p, in_valid, path))
         for c in self.structures:
@@ -184,8 +187,10 @@ class PackedRowsDataset(torch.utils.data.Dataset):
         nxt_same[:, :-1] = in_valid[:, 1:] & (inp[:, 1:] != tk.BOS_ID)
         fail((tgt[:, :-1] != np.where(nxt_same[:, :-1], inp[:, 1:], tk.PAD_ID)).any(axis=1) | (tgt[:, -1] != tk.PAD_ID),
              "target_ids is not the next in-document token")
-        fail((msk > 1).any(axis=1), "loss_mask holds a value other than 0/1")
-        fail(((msk == 1) & ~nxt_same).any(axis=1), "loss_mask is 1 where the target is not a real in-document token")
+        bad = (msk > nxt_same).any(axis=1)  # one pass for both loss rules; the message after
+        if bad.any():
+            fail((msk > 1).any(axis=1), "loss_mask holds a value other than 0/1")
+            fail(bad, "loss_mask is 1 where the target is not a real in-document token")
 
     def _malformed(self, column: str, path: Path, why: str) -> None:
         if column in self.strict:
