@@ -149,7 +149,7 @@ LIBCLANG_POOL = profiles.POOLS["libclang"]
                    "No-op unless settings.semantic_graph.")
 def semantic_graph(context: AssetExecutionContext, data_root: DataRootResource) -> MaterializeResult:
     layout, manifest, source = data_root.for_revision(context.partition_key)
-    res = pipeline.run_semantic_graph(layout, manifest, source)
+    res = pipeline.run_semantic_graph(layout, manifest, source, log=context.log.info)
     if res.figures.get("enabled"):
         context.log.info(f"semantic_graph {context.partition_key}: {res.figures.get('tus')} TUs, "
                          f"TU coverage {res.figures.get('tu_coverage')}, call coverage {res.figures.get('call_coverage')}")

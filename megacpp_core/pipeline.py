@@ -304,14 +304,15 @@ def run_compile_commands(layout: SnapshotLayout, manifest: Manifest, source: Sou
     return _timed(layout, "compile_commands", source.name, t0, res)
 
 
-def run_semantic_graph(layout: SnapshotLayout, manifest: Manifest, source: Source) -> StageResult:
+def run_semantic_graph(layout: SnapshotLayout, manifest: Manifest, source: Source, log=None) -> StageResult:
     """Run libclang over every kept translation unit of the revision (process pool, per-TU
     timeout) and write ``semantic_edges.parquet`` (the lane's USR-resolved edges plus
     ``from_chunk``/``to_chunk``: the index of the file unit — :func:`enrich.file_units` of
     the scrubbed text — holding each end, null outside the kept files) and
     ``build_info.parquet`` (compile command, shipped or synthesized, status, diagnostics per
     TU). A no-op when ``settings.semantic_graph`` is off. Refuses a compile database built
-    for another revision or other inputs (:class:`StageError`)."""
+    for another revision or other inputs (:class:`StageError`). ``log(message)`` receives a
+    progress line at most every 30 s (default: this module's logger)."""
     import dataclasses
     import tempfile
 
@@ -336,7 +337,8 @@ def run_semantic_graph(layout: SnapshotLayout, manifest: Manifest, source: Sourc
     s = manifest.settings
     with tempfile.TemporaryDirectory(prefix="semantic-", dir=rdir) as tmp:
         semantic.materialize_tree(tree_files, Path(tmp), tus)
-        result = semantic.run_semantic(tmp, tus, workers=s.semantic_workers, timeout_s=s.semantic_timeout_s)
+        result = semantic.run_semantic(tmp, tus, workers=s.semantic_workers, timeout_s=s.semantic_timeout_s,
+                                       progress=_progress_printer(f"semantic_graph {source.name}", log))
     edges = result.edges
     chunk_cols = {"from_chunk": np.full(edges.num_rows, -1, np.int32), "to_chunk": np.full(edges.num_rows, -1, np.int32)}
     rows_by_file: dict[tuple[str, str], list[int]] = {}
@@ -371,6 +373,21 @@ def run_semantic_graph(layout: SnapshotLayout, manifest: Manifest, source: Sourc
 
     res.checks["semantic_schema"] = semantic_schema.validate_edges(edges)
     return _timed(layout, "semantic_graph", source.name, t0, res)
+
+
+def _progress_printer(what: str, log=None, every_s: float = 30.0):
+    """A ``progress(done, total)`` callback that logs ``what: done/total`` at most every
+    ``every_s`` seconds and at the end."""
+    emit = log or globals()["log"].info
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] >= every_s:
+            last[0] = now
+            emit(f"{what}: {done}/{total} translation units")
+
+    return progress
 
 
 def semantic_unit_edges(layout: SnapshotLayout, manifest: Manifest) -> tuple[dict[str, dict[str, set]], dict]:

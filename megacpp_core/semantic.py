@@ -744,7 +744,7 @@ def _safe_rel(path: str) -> bool:
 
 
 def run_semantic(tree_root: str | Path, database: CompileDatabase, *, workers: int = 2,
-                 timeout_s: float = 60.0) -> SemanticResult:
+                 timeout_s: float = 60.0, progress=None) -> SemanticResult:
     """Parse every TU of ``database`` under ``tree_root`` in ``workers`` processes.
 
     Each worker slot is a single-process ``ProcessPoolExecutor`` (``forkserver`` start
@@ -755,6 +755,8 @@ def run_semantic(tree_root: str | Path, database: CompileDatabase, *, workers: i
     counted ``crashed``. Neither blocks nor fails the run. Entries with an unsafe path or a
     file missing from the tree are ``fatal`` without being dispatched. Results do not
     depend on completion order (see :class:`SemanticResult`).
+
+    ``progress(done, total)``, when given, is called each time TUs finish (any status).
 
     Raises ``ValueError`` for ``workers < 1`` or ``timeout_s <= 0``,
     ``FileNotFoundError`` when ``tree_root`` is not a directory, and ``RuntimeError`` when
@@ -785,7 +787,7 @@ def run_semantic(tree_root: str | Path, database: CompileDatabase, *, workers: i
         jobs.append({"root": root, "file": f, "arguments": _absolute_arguments(args, root),
                      "hang": _hooked(hang, f), "crash": _hooked(crash, f)})
 
-    pool_info = _run_pool(jobs, min(workers, len(jobs)), timeout_s, rows)
+    pool_info = _run_pool(jobs, min(workers, len(jobs)), timeout_s, rows, progress)
     wall = time.monotonic() - t_start
     return _assemble(rows, recorded, database, pool_info, wall, workers, timeout_s)
 
@@ -796,7 +798,7 @@ def _failed_row(file: str, status: str, seconds: float, message: str) -> dict[st
             "message": message, "pid": None}
 
 
-def _run_pool(jobs: list[dict], n: int, timeout_s: float, rows: dict[str, dict]) -> dict[str, int]:
+def _run_pool(jobs: list[dict], n: int, timeout_s: float, rows: dict[str, dict], progress=None) -> dict[str, int]:
     """Run ``jobs`` on ``n`` slots, filling ``rows`` (file → worker result or failure row).
     Returns ``{"worker_processes": …}``."""
     if not jobs:
@@ -805,6 +807,7 @@ def _run_pool(jobs: list[dict], n: int, timeout_s: float, rows: dict[str, dict])
     pending = list(reversed(jobs))
     slots = [_Slot(ctx) for _ in range(n)]
     start_failures = 0
+    reported = -1
     try:
         for s in slots:
             s.start()
@@ -848,6 +851,11 @@ def _run_pool(jobs: list[dict], n: int, timeout_s: float, rows: dict[str, dict])
                     rows[job["file"]] = _failed_row(job["file"], "crashed", elapsed, f"worker raised {e!r}"[:300])
                     s.kill()
                     s.start()
+            if progress is not None:
+                finished = sum(1 for j in jobs if j["file"] in rows)
+                if finished != reported:
+                    reported = finished
+                    progress(finished, len(jobs))
             now = time.monotonic()
             for s in slots:
                 if s.future is None or s.future.done():

@@ -433,3 +433,12 @@ def test_include_roots_resolve_project_relative_includes(tmp_path):
     # the include lines are inputs of the database
     changed = [(p, d.replace(b"<absl/base/config.h>", b"<absl/base/other.h>")) for p, d in files]
     assert cc.inputs_sha256(changed) != cc.inputs_sha256(files)
+
+
+def test_progress_callback_reports_every_tu(tmp_path):
+    files = [(f"src/f{i}.c", f"int f{i}(void) {{ return {i}; }}\n".encode()) for i in range(3)]
+    db = cc.build_database(files, "r1")
+    semantic.materialize_tree(files, tmp_path, db)
+    seen = []
+    semantic.run_semantic(tmp_path, db, workers=1, timeout_s=60, progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (3, 3) and [d for d, _ in seen] == sorted(d for d, _ in seen)
