@@ -82,9 +82,11 @@ def decide(doc_key: str, n_body: int, cfg: FimConfig) -> tuple[str, int, int]:
     """(mode, a, b) for a document with ``n_body`` tokens after BOS; deterministic in
     (``cfg.seed``, ``doc_key``). ``mode == "none"`` when the document is not drawn."""
     digest = hashlib.sha256(f"{cfg.seed}\x00{doc_key}".encode()).digest()
-    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
-    draw, side = rng.random(), rng.random()
-    a, b = sorted(int(x) for x in rng.integers(0, n_body + 1, size=2))
+    # four independent 64-bit words of the digest: two uniforms in [0, 1), two cut points
+    # (modulo bias below n_body / 2**64 — nil for any document length)
+    w = [int.from_bytes(digest[i:i + 8], "little") for i in range(0, 32, 8)]
+    draw, side = w[0] / 2.0**64, w[1] / 2.0**64
+    a, b = sorted((w[2] % (n_body + 1), w[3] % (n_body + 1)))
     if draw >= cfg.rate:
         return "none", 0, 0
     return ("spm" if side < cfg.spm_share else "psm"), a, b

@@ -260,13 +260,17 @@ def build_rows(docs: Sequence[PackInput], row_length: int, bos_id: int, pad_id: 
     valid = np.zeros(n, dtype=np.int32)
     num_docs = np.zeros(n, dtype=np.int32)
     keys, prov = [], []
-    chunks: list[list[dict]] = []
-    edges: dict[str, list[list[dict]]] = {e: [] for e in EDGE_COLUMNS if e in optional}
-    platforms: list[list[list[int]]] = []
+    # optional structure, built column-wise (one Python append per value, no dicts)
+    cb = {f.name: [] for f in CHUNK_TYPE}
+    cb_off = [0]
+    edges: dict[str, tuple[list, list, list]] = {e: ([], [], [0]) for e in EDGE_COLUMNS if e in optional}
+    plat_vals: list[int] = []
+    plat_doc_off = [0]
+    plat_row_off = [0]
+    has_chunks, has_plat = "chunk_boundaries" in optional, "platform_ids" in optional
     for r, members in enumerate(assignment):
         pos = 0
-        rk, rp, rc, rplat = [], [], [], []
-        re = {e: [] for e in edges}
+        rk, rp = [], []
         for k, i in enumerate(members):
             d = docs[i]
             m = len(d.ids)
@@ -276,13 +280,21 @@ def build_rows(docs: Sequence[PackInput], row_length: int, bos_id: int, pad_id: 
             doc_ids[r, pos:pos + m] = k + 1
             for p, a in planes.items():
                 a[r, pos:pos + m] = d.extras[p]
-            if "chunk_boundaries" in optional:
-                base = len(rc)
-                for e in edges:
-                    re[e].extend({"from": x["from"] + base, "to": x["to"] + base} for x in d.extras.get(e) or [])
-                rc.extend({**c, "start": c["start"] + pos, "end": c["end"] + pos} for c in d.extras["chunk_boundaries"])
-            if "platform_ids" in optional:
-                rplat.append([int(x) for x in d.extras["platform_ids"]])
+            if has_chunks:
+                base = len(cb["start"]) - cb_off[-1]
+                for e, (fr, to, _) in edges.items():
+                    for x in d.extras.get(e) or ():
+                        fr.append(x["from"] + base)
+                        to.append(x["to"] + base)
+                for c in d.extras["chunk_boundaries"]:
+                    cb["start"].append(c["start"] + pos)
+                    cb["end"].append(c["end"] + pos)
+                    cb["kind"].append(c["kind"])
+                    cb["name"].append(c["name"])
+                    cb["dep_level"].append(c["dep_level"])
+            if has_plat:
+                plat_vals.extend(int(x) for x in d.extras["platform_ids"])
+                plat_doc_off.append(len(plat_vals))
             pos += m
             rk.append(d.doc_key)
             rp.append({"doc_key": d.doc_key, "source": d.source, "revision": d.revision,
@@ -291,10 +303,10 @@ def build_rows(docs: Sequence[PackInput], row_length: int, bos_id: int, pad_id: 
         num_docs[r] = len(members)
         keys.append(rk)
         prov.append(rp)
-        chunks.append(rc)
-        platforms.append(rplat)
-        for e in edges:
-            edges[e].append(re[e])
+        cb_off.append(len(cb["start"]))
+        plat_row_off.append(len(plat_doc_off) - 1)
+        for fr, _, off in edges.values():
+            off.append(len(fr))
 
     def lists(a: np.ndarray, typ) -> pa.Array:
         flat = pa.array(a.reshape(-1), type=typ)
@@ -315,12 +327,15 @@ def build_rows(docs: Sequence[PackInput], row_length: int, bos_id: int, pad_id: 
     }
     for p, a in planes.items():
         cols[p] = lists(a, pa.uint8())
-    if "chunk_boundaries" in optional:
-        cols["chunk_boundaries"] = pa.array(chunks, type=OPTIONAL_TYPES["chunk_boundaries"])
-    for e in edges:
-        cols[e] = pa.array(edges[e], type=OPTIONAL_TYPES[e])
-    if "platform_ids" in optional:
-        cols["platform_ids"] = pa.array(platforms, type=OPTIONAL_TYPES["platform_ids"])
+    if has_chunks:
+        struct = pa.StructArray.from_arrays([pa.array(cb[f.name], type=f.type) for f in CHUNK_TYPE], fields=list(CHUNK_TYPE))
+        cols["chunk_boundaries"] = pa.ListArray.from_arrays(pa.array(cb_off, pa.int32()), struct)
+    for e, (fr, to, off) in edges.items():
+        struct = pa.StructArray.from_arrays([pa.array(fr, pa.int32()), pa.array(to, pa.int32())], fields=list(EDGE_TYPE))
+        cols[e] = pa.ListArray.from_arrays(pa.array(off, pa.int32()), struct)
+    if has_plat:
+        inner = pa.ListArray.from_arrays(pa.array(plat_doc_off, pa.int32()), pa.array(plat_vals, pa.uint16()))
+        cols["platform_ids"] = pa.ListArray.from_arrays(pa.array(plat_row_off, pa.int32()), inner)
     schema = row_schema(optional)
     return pa.table({f.name: cols[f.name] for f in schema}, schema=schema)
 
