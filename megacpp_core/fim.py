@@ -178,6 +178,11 @@ def token_byte_table(tok) -> list[bytes]:
     return out
 
 
+def token_byte_lengths(table: list[bytes]) -> np.ndarray:
+    """int64 byte length of every id of a :func:`token_byte_table`."""
+    return np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table))
+
+
 def doc_comment_token_spans(ids: np.ndarray, table: list[bytes], lengths: np.ndarray | None = None,
                             text_bytes: bytes | None = None) -> tuple[bytes, np.ndarray, list[tuple[int, int]]]:
     """(text bytes of ``ids[1:]``, byte offset of every token (len(ids)+1, BOS has width
@@ -187,7 +192,7 @@ def doc_comment_token_spans(ids: np.ndarray, table: list[bytes], lengths: np.nda
     the tokens' bytes; it is used only when its length matches."""
     ids = np.asarray(ids, dtype=np.int64)
     if lengths is None:
-        lengths = np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table))
+        lengths = token_byte_lengths(table)
     widths = lengths[ids]
     if widths.size:
         widths[0] = 0
@@ -279,7 +284,7 @@ def apply_fim_all(docs: list[pack.PackInput], cfg: FimConfig, row_length: int,
                      "fim_doc_comment_masked_tokens": 0, "fim_doc_comment_docs": 0}
     lengths = byte_lengths
     if lengths is None and byte_table is not None:
-        lengths = np.fromiter((len(b) for b in byte_table), dtype=np.int64, count=len(byte_table))
+        lengths = token_byte_lengths(byte_table)
     for i, d in enumerate(docs):
         r = apply_fim(d, cfg, row_length, byte_table, lengths, None if texts is None else texts[i])
         out.append(r.doc)

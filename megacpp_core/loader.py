@@ -153,7 +153,7 @@ class PackedRowsDataset(torch.utils.data.Dataset):
                                       table.column("num_docs").to_numpy(), table.column("slack_tokens").to_numpy(),
                                       L, self.vocab, tk.BOS_ID, tk.PAD_ID, where=where)
             elif n:
-                self._check_strict(inp, tgt, msk, valid, where)
+                pack.check_token_arrays(inp, tgt, msk, valid, L, self.vocab, tk.BOS_ID, tk.PAD_ID, where=where)
         except pack.RowContractError as e:
             raise LoaderError(str(e)) from e
         parts["input_ids"].append(inp.astype(np.uint32, copy=False))
@@ -165,32 +165,6 @@ class PackedRowsDataset(torch.utils.data.Dataset):
             parts[p].append(self._plane(table, p, in_valid, path))
         for c in self.structures:
             parts[c].append(self._structure(table, c, path))
-
-    def _check_strict(self, inp: np.ndarray, tgt: np.ndarray, msk: np.ndarray, valid: np.ndarray, where: str) -> None:
-        """The token-level contract of the yielded columns (lengths and nulls were checked by
-        ``pack._matrix``): ``valid_token_count`` in [1, L], BOS first, ids < vocab, PAD after
-        the valid prefix, ``target_ids`` the next token of the same document (PAD elsewhere),
-        ``loss_mask`` 0/1 and 1 only where the target is real. Only ``doc_ids``,
-        ``num_docs`` and ``slack_tokens``, which the loader derives instead of reading, are
-        left to ``full_contract``. Raises :class:`megacpp_core.pack.RowContractError`."""
-        def fail(mask: np.ndarray, rule: str) -> None:
-            rows = np.nonzero(mask)[0]
-            if len(rows):
-                raise pack.RowContractError(f"{where}: row {int(rows[0])}: {rule}")
-
-        fail((valid < 1) | (valid > self.L), "valid_token_count outside [1, L]")
-        fail(inp[:, 0] != tk.BOS_ID, "first token is not BOS")
-        fail(inp.max(axis=1) >= self.vocab, f"input id ≥ vocab size {self.vocab}")
-        in_valid = np.arange(self.L)[None, :] < valid[:, None]
-        fail(((inp != tk.PAD_ID) & ~in_valid).any(axis=1), "non-PAD token after valid_token_count")
-        nxt_same = np.zeros_like(in_valid)
-        nxt_same[:, :-1] = in_valid[:, 1:] & (inp[:, 1:] != tk.BOS_ID)
-        fail((tgt[:, :-1] != np.where(nxt_same[:, :-1], inp[:, 1:], tk.PAD_ID)).any(axis=1) | (tgt[:, -1] != tk.PAD_ID),
-             "target_ids is not the next in-document token")
-        bad = (msk > nxt_same).any(axis=1)  # one pass for both loss rules; the message after
-        if bad.any():
-            fail((msk > 1).any(axis=1), "loss_mask holds a value other than 0/1")
-            fail(bad, "loss_mask is 1 where the target is not a real in-document token")
 
     def _malformed(self, column: str, path: Path, why: str) -> None:
         if column in self.strict:

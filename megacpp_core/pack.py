@@ -358,39 +358,58 @@ def _list_parts(table: pa.Table, column: str) -> tuple[np.ndarray, pa.Array]:
     return np.repeat(np.arange(len(col)), lengths), col.flatten()
 
 
-def check_row_arrays(inp: np.ndarray, tgt: np.ndarray, msk: np.ndarray, dids: np.ndarray, valid: np.ndarray,
-                     ndocs: np.ndarray, slack: np.ndarray, row_length: int, vocab_size: int, bos_id: int, pad_id: int,
-                     where: str = "rows") -> np.ndarray:
-    """The token-level part of :func:`check_rows` on [n, L] matrices (``input_ids``,
-    ``target_ids``, ``loss_mask``, ``doc_ids``) and [n] vectors (``valid_token_count``,
-    ``num_docs``, ``slack_tokens``). Returns the [n, L] bool mask of the valid prefixes;
-    raises :class:`RowContractError` naming the first violating row and rule."""
-    L = row_length
-
-    def fail(mask: np.ndarray, rule: str):
+def _failer(where: str):
+    def fail(mask: np.ndarray, rule: str) -> None:
         rows = np.nonzero(mask)[0]
         if len(rows):
             raise RowContractError(f"{where}: row {int(rows[0])}: {rule}")
+    return fail
 
+
+def check_token_arrays(inp: np.ndarray, tgt: np.ndarray, msk: np.ndarray, valid: np.ndarray, row_length: int,
+                       vocab_size: int, bos_id: int, pad_id: int, where: str = "rows") -> tuple[np.ndarray, np.ndarray]:
+    """The contract of the token columns on [n, L] matrices (``input_ids``, ``target_ids``,
+    ``loss_mask``) and ``valid_token_count`` [n]: valid count in [1, L], ids < vocab, BOS
+    first, PAD after the valid prefix, ``target_ids`` the next token of the same document
+    (PAD elsewhere), ``loss_mask`` 0/1 and 1 only where the target is real. Returns the
+    [n, L] bool masks ``(in_valid, is_bos)``; raises :class:`RowContractError` naming the
+    first violating row and rule. The loader runs this alone (it derives ``doc_ids``)."""
+    L = row_length
+    fail = _failer(where)
     fail((valid < 1) | (valid > L), "valid_token_count outside [1, L]")
-    fail(slack != L - valid, "slack_tokens != L - valid_token_count")
     fail(inp.max(axis=1) >= vocab_size, f"token id ≥ vocab size {vocab_size}")
     fail(inp[:, 0] != bos_id, "first token is not BOS")
     in_valid = np.arange(L)[None, :] < valid[:, None]
     fail(((inp != pad_id) & ~in_valid).any(axis=1), "non-PAD token after valid_token_count")
     is_bos = (inp == bos_id) & in_valid
-    expect_doc = np.cumsum(is_bos, axis=1, dtype=np.int32)
-    expect_doc[~in_valid] = 0
-    fail((dids != expect_doc).any(axis=1), "doc_ids != cumsum(BOS) over the valid prefix")
-    fail(ndocs != expect_doc.max(axis=1), "num_docs != count(BOS)")
-    fail(ndocs < 1, "num_docs < 1")
     # the next position holds a token of the same document: valid and not a BOS
     nxt_same = np.zeros_like(in_valid)
     nxt_same[:, :-1] = in_valid[:, 1:] & ~is_bos[:, 1:]
     fail(((tgt[:, :-1] != np.where(nxt_same[:, :-1], inp[:, 1:], pad_id)).any(axis=1)) | (tgt[:, -1] != pad_id),
          "target_ids is not the next in-document token")
-    fail((msk > 1).any(axis=1), "loss_mask holds a value other than 0/1")
-    fail(((msk == 1) & ~nxt_same).any(axis=1), "loss_mask is 1 where the target is not a real in-document token")
+    bad = (msk > nxt_same).any(axis=1)  # one pass for both loss rules; the message after
+    if bad.any():
+        fail((msk > 1).any(axis=1), "loss_mask holds a value other than 0/1")
+        fail(bad, "loss_mask is 1 where the target is not a real in-document token")
+    return in_valid, is_bos
+
+
+def check_row_arrays(inp: np.ndarray, tgt: np.ndarray, msk: np.ndarray, dids: np.ndarray, valid: np.ndarray,
+                     ndocs: np.ndarray, slack: np.ndarray, row_length: int, vocab_size: int, bos_id: int, pad_id: int,
+                     where: str = "rows") -> np.ndarray:
+    """The token-level part of :func:`check_rows` on [n, L] matrices (``input_ids``,
+    ``target_ids``, ``loss_mask``, ``doc_ids``) and [n] vectors (``valid_token_count``,
+    ``num_docs``, ``slack_tokens``): :func:`check_token_arrays`, then the stored
+    ``slack_tokens``, ``doc_ids`` and ``num_docs``. Returns the [n, L] bool mask of the
+    valid prefixes; raises :class:`RowContractError` naming the first violating row and rule."""
+    in_valid, is_bos = check_token_arrays(inp, tgt, msk, valid, row_length, vocab_size, bos_id, pad_id, where)
+    fail = _failer(where)
+    fail(slack != row_length - valid, "slack_tokens != L - valid_token_count")
+    expect_doc = np.cumsum(is_bos, axis=1, dtype=np.int32)
+    expect_doc[~in_valid] = 0
+    fail((dids != expect_doc).any(axis=1), "doc_ids != cumsum(BOS) over the valid prefix")
+    fail(ndocs != expect_doc.max(axis=1), "num_docs != count(BOS)")
+    fail(ndocs < 1, "num_docs < 1")
     return in_valid
 
 
@@ -418,11 +437,7 @@ def check_rows(table: pa.Table, row_length: int, vocab_size: int, bos_id: int, p
     ndocs = table.column("num_docs").to_numpy()
     slack = table.column("slack_tokens").to_numpy()
     in_valid = check_row_arrays(inp, tgt, msk, dids, valid, ndocs, slack, L, vocab_size, bos_id, pad_id, where)
-
-    def fail(mask: np.ndarray, rule: str):
-        rows = np.nonzero(mask)[0]
-        if len(rows):
-            raise RowContractError(f"{where}: row {int(rows[0])}: {rule}")
+    fail = _failer(where)
 
     for col in ("doc_keys", "provenance"):
         n = table.column(col).combine_chunks().value_lengths().fill_null(-1).to_numpy(zero_copy_only=False)

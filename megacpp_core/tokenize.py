@@ -96,12 +96,12 @@ _BYTE_TABLES: dict[str, tuple[list[bytes], np.ndarray]] = {}
 def byte_table(tok, sha256: str | None = None) -> tuple[list[bytes], np.ndarray]:
     """``(bytes per id, int64 byte length per id)`` of a byte-level tokenizer, cached per
     process by the tokenizer's sha256 when given (building it walks the whole vocabulary)."""
-    from .fim import token_byte_table
+    from .fim import token_byte_lengths, token_byte_table
 
     if sha256 and sha256 in _BYTE_TABLES:
         return _BYTE_TABLES[sha256]
     table = token_byte_table(tok)
-    out = (table, np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table)))
+    out = (table, token_byte_lengths(table))
     if sha256:
         _BYTE_TABLES[sha256] = out
     return out

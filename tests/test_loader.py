@@ -91,43 +91,43 @@ def test_required_columns_are_strict(tmp_path):
     with pytest.raises(loader.LoaderError, match=r"train-00000.parquet: required columns missing: \['loss_mask'\]"):
         loader.PackedRowsDataset(tmp_path)
     _shards(tmp_path)
-
-    def bad_id(t):
-        vals = t.column("input_ids").to_pylist()
-        vals[0][1] = V + 1
-        return t.set_column(t.schema.get_field_index("input_ids"), "input_ids", pa.array(vals, pa.list_(pa.uint32())))
-
-    _rewrite(tmp_path, bad_id)
-    with pytest.raises(loader.LoaderError, match="row 0: input id ≥ vocab size"):
-        loader.PackedRowsDataset(tmp_path)
-    with pytest.raises(loader.LoaderError, match="row 0: token id ≥ vocab size"):
-        loader.PackedRowsDataset(tmp_path, full_contract=True)
+    _rewrite(tmp_path, _set("input_ids", 0, V + 1, pa.uint32(), pos=1))
+    for full in (False, True):  # the same token-level check either way
+        with pytest.raises(loader.LoaderError, match="row 0: token id ≥ vocab size"):
+            loader.PackedRowsDataset(tmp_path, full_contract=full)
     with pytest.raises(pack.TokenizerMismatchError):
         loader.PackedRowsDataset(tmp_path, tokenizer_sha256="cd" * 32)
 
 
-def _set_matrix(column, row, pos, value, typ):
+def _set(column, row, value, typ, pos=None):
+    """An edit of a shard table: ``column[row] = value``, or ``column[row][pos]`` for a list column."""
     def edit(t):
         vals = t.column(column).to_pylist()
-        vals[row][pos] = value
-        return t.set_column(t.schema.get_field_index(column), column, pa.array(vals, pa.list_(typ)))
+        if pos is None:
+            vals[row] = value
+        else:
+            vals[row][pos] = value
+        return t.set_column(t.schema.get_field_index(column), column,
+                            pa.array(vals, typ if pos is None else pa.list_(typ)))
     return edit
 
 
+def _refused(tmp_path, edit, message, **kwargs):
+    """Fresh shards with one edit must make the loader refuse them with ``message``."""
+    _shards(tmp_path)
+    _rewrite(tmp_path, edit)
+    with pytest.raises(loader.LoaderError, match=message):
+        loader.PackedRowsDataset(tmp_path, **kwargs)
+
+
 def test_strict_checks_and_the_full_contract(tmp_path):
-    _shards(tmp_path)
-    _rewrite(tmp_path, _set_matrix("loss_mask", 1, 3, 2, pa.uint8()))
-    with pytest.raises(loader.LoaderError, match="row 1: loss_mask holds a value other than 0/1"):
-        loader.PackedRowsDataset(tmp_path)
-    _shards(tmp_path)
-    _rewrite(tmp_path, _set_matrix("input_ids", 0, 0, 7, pa.uint32()))
-    with pytest.raises(loader.LoaderError, match="row 0: first token is not BOS"):
-        loader.PackedRowsDataset(tmp_path)
+    _refused(tmp_path, _set("loss_mask", 1, 2, pa.uint8(), pos=3), "row 1: loss_mask holds a value other than 0/1")
+    _refused(tmp_path, _set("input_ids", 0, 7, pa.uint32(), pos=0), "row 0: first token is not BOS")
     # doc_ids are never yielded (derived from input_ids): a corrupt stored column is caught
     # only by the full contract, and the default loader still yields the right doc_ids
     _shards(tmp_path)
     good = loader.PackedRowsDataset(tmp_path)[0]["doc_ids"].clone()
-    _rewrite(tmp_path, _set_matrix("doc_ids", 0, 1, 9, pa.uint32()))
+    _rewrite(tmp_path, _set("doc_ids", 0, 9, pa.uint32(), pos=1))
     with pytest.raises(loader.LoaderError, match="row 0: doc_ids != cumsum"):
         loader.PackedRowsDataset(tmp_path, full_contract=True)
     assert torch.equal(loader.PackedRowsDataset(tmp_path)[0]["doc_ids"], good)
@@ -175,24 +175,10 @@ def test_loader_reads_the_tiny_snapshot(tiny_run):
 
 
 def test_null_valid_count_and_loss_on_padding_are_refused(tmp_path):
-    _shards(tmp_path)
-
-    def null_valid(t):
-        vals = t.column("valid_token_count").to_pylist()
-        vals[0] = None
-        return t.set_column(t.schema.get_field_index("valid_token_count"), "valid_token_count", pa.array(vals, pa.int32()))
-
-    _rewrite(tmp_path, null_valid)
-    with pytest.raises(loader.LoaderError, match="valid_token_count has 1 null"):
-        loader.PackedRowsDataset(tmp_path)
-    _shards(tmp_path)
-    _rewrite(tmp_path, _set_matrix("loss_mask", 0, L - 1, 1, pa.uint8()))  # loss on the last (PAD) position
-    with pytest.raises(loader.LoaderError, match="loss_mask is 1 where the target is not a real in-document token"):
-        loader.PackedRowsDataset(tmp_path)
-    _shards(tmp_path)
-    _rewrite(tmp_path, _set_matrix("target_ids", 0, 2, 7, pa.uint32()))
-    with pytest.raises(loader.LoaderError, match="target_ids is not the next in-document token"):
-        loader.PackedRowsDataset(tmp_path)
+    _refused(tmp_path, _set("valid_token_count", 0, None, pa.int32()), "valid_token_count has 1 null")
+    _refused(tmp_path, _set("loss_mask", 0, 1, pa.uint8(), pos=L - 1),  # loss on the last (PAD) position
+             "loss_mask is 1 where the target is not a real in-document token")
+    _refused(tmp_path, _set("target_ids", 0, 7, pa.uint32(), pos=2), "target_ids is not the next in-document token")
 
 
 def test_platform_ids_load_without_the_full_contract(tmp_path):
