@@ -307,13 +307,20 @@ def test_error_files_use_the_brace_splitter():
     assert missing_only.tree.root_node.has_error and not missing_only.has_error_nodes
 
 
+def brace_split(text: str, budget: int):
+    """Split a file that has ERROR nodes; the chunks must satisfy :func:`check`."""
+    assert parse_source(text, "cpp").has_error_nodes
+    chunks, stats = split_document_with_stats(text, "cpp", count, budget, "brace.cpp")
+    check(text, chunks, count, budget)
+    assert stats["brace_fallback"]
+    return chunks, stats
+
+
 def test_oversized_brace_unit_splits_at_statements():
     body = "".join(f"  x += {i};\n" for i in range(40))
     text = "MACRO(a)\nint f(int x) {\n" + body + "  return x;\n}\n"
-    assert parse_source(text, "cpp").has_error_nodes
-    chunks, stats = split_document_with_stats(text, "cpp", count, 30, "big.cpp")
-    check(text, chunks, count, 30)
-    assert stats["brace_fallback"] and len(chunks) > 2
+    chunks, _ = brace_split(text, 30)
+    assert len(chunks) > 2
     for c in chunks[1:-1]:  # inner cuts fall after whole statements
         assert text[c.end - 2:c.end] == ";\n"
 
@@ -329,9 +336,7 @@ def test_buckets():
 def test_brace_splitter_recurses_below_the_first_level():
     inner = "".join(f"      y += {i};\n" for i in range(30))
     text = "MACRO(a)\nint f(int x) {\n  int y = 0;\n  while (x--) {\n" + inner + "  }\n  return y;\n}\n"
-    assert parse_source(text, "cpp").has_error_nodes
-    chunks, stats = split_document_with_stats(text, "cpp", count, 60, "deep.cpp")
-    check(text, chunks, count, 60)
-    assert stats["brace_fallback"] and stats["fallback_splits"] == 0  # statements, never bare lines
+    chunks, stats = brace_split(text, 60)
+    assert stats["fallback_splits"] == 0  # statements, never bare lines
     for c in chunks[:-1]:
         assert text[c.end - 2:c.end] in (";\n", "{\n", "}\n", ")\n")

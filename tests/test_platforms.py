@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -246,9 +245,9 @@ def test_empty_binary_and_hostile_text():
     assert names(b"\xff\xfe\x00#ifdef _WIN32\x00\x80") == ["os.windows"]  # bytes: UTF-8 + surrogateescape
     assert P.scan_platforms("\udcff" * 10_000) == []
     assert P.scan_platforms("_" * 10_000 + "__linux__") == []  # glued to a long identifier
-    start = time.perf_counter()  # blanks after a version macro: linear, no regex backtracking blow-up
+    # blanks after a version macro: the regex is written without nested quantifiers over
+    # blanks (linear); the result is asserted here, never a wall-clock time
     assert P.scan_platforms("#if __cplusplus" + " " * 100_000 + ">=" + " " * 100_000 + "x") == []
-    assert time.perf_counter() - start < 2.0
     with pytest.raises(TypeError):
         P.scan_platforms(123)
     with pytest.raises(ValueError):

@@ -6,7 +6,6 @@ processes, coverage on a real sdist of the default corpus, and hostile inputs.""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -303,11 +302,9 @@ def test_hung_tu_is_killed_and_replaced_and_crash_is_counted(tmp_path, monkeypat
     ]
     monkeypatch.setenv(semantic.HANG_ENV, "hang.cpp")
     monkeypatch.setenv(semantic.CRASH_ENV, "src/crash.cpp")
-    t0 = time.monotonic()
     # one worker: crash.cpp kills it, hang.cpp runs on its replacement and is killed after
     # the timeout, and main.cpp/util.cpp still parse on the next replacement
     r = run_tree(files, tmp_path, workers=1, timeout_s=3.0)
-    elapsed = time.monotonic() - t0
     status = {b["file"]: b["status"] for b in r.build_info.to_pylist()}
     assert status == {"src/crash.cpp": "crashed", "src/hang.cpp": "timeout", MAIN_CPP: "ok", UTIL_CPP: "ok"}
     msg = {b["file"]: b["message"] for b in r.build_info.to_pylist()}
@@ -317,7 +314,6 @@ def test_hung_tu_is_killed_and_replaced_and_crash_is_counted(tmp_path, monkeypat
     assert f["tu_coverage"] == 0.5
     assert f["worker_processes"] == 3  # the first worker, its replacement after the crash, and after the timeout
     assert edge_set(r.edges) == EXPECTED_EDGES  # nothing from the killed TUs, everything from the others
-    assert 3.0 <= elapsed < 40
 
 
 # --------------------------------------------------------------------------- real source
