@@ -26,6 +26,7 @@ sysdeps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium postgresql >/dev/null; fi
 
 test: install sysdeps
+	$(BIN)/lint-imports --no-cache
 	@$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 

@@ -52,7 +52,7 @@ def main(snapshot: Path, repeat: int = 1) -> dict:
             enrich.document_enrichment(fe, 0, len(text))
             platforms.scan_platforms(text)
 
-    def whole_stage():  # as pipeline.run_chunk: whole files counted in one batch first
+    def whole_stage():  # as the chunk stage (megacpp_core/stages/chunk.py): whole files counted in one batch first
         whole = [len(e.ids) for e in tok.encode_batch([t for _, t, _ in files], add_special_tokens=False)]
         for (key, text, lang), n in zip(files, whole):
             parsed = chunk.parse_source(text, lang)

@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     layout = SnapshotLayout(args.data_root.resolve(), args.snapshot)
     manifest = load_manifest(layout.root / "manifest.yaml")
-    from megacpp_core.pipeline import license_policy
+    from megacpp_core.stages.license import license_policy
 
-    policy = license_policy(manifest)
+    policy = license_policy(manifest.settings)
     names = [s.name for s in manifest.sources]
     if args.sources:
         names = [n for n in names if n in set(args.sources.split(","))]

@@ -22,10 +22,9 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 
-from megacpp_core import loader, manifest, megatron, pack, pipeline, tokenize
+from megacpp_core import loader, manifest, megatron, pack, pack_inputs, tokenize
 from megacpp_core import tokenizer as tk
 from megacpp_core.layout import SnapshotLayout
 from timing import best_of  # bench/timing.py (the script's own directory)
@@ -40,7 +39,10 @@ def main(snapshot: Path) -> dict:
     m = manifest.load_manifest(snapshot / "manifest.yaml")
     info = json.loads((snapshot / "tokenizer" / "tokenizer_manifest.json").read_text())
     tok = tk.load_tokenizer(snapshot / "tokenizer" / "tokenizer.json")
-    inputs, optional, raw = pipeline.read_pack_inputs(layout)  # what stage 9 reads, enrichment included
+    docs_path = layout.stage_dir("tokenized") / "documents.parquet"  # what stage 9 reads, enrichment included
+    columns, optional = pack_inputs.columns_to_read(pq.read_schema(docs_path).names)
+    raw = pq.read_table(docs_path, columns=columns)
+    inputs = pack_inputs.pack_inputs(raw, optional)
     texts = raw.column("text").to_pylist()
     ids = [x.ids for x in inputs]
     tokenize_s = best_of(lambda: tk.encode_batch(tok, texts), REPEATS)
@@ -58,8 +60,8 @@ def main(snapshot: Path) -> dict:
         lower = -(-total // L)
         out[f"L{L}"] = {"documents": len(fit), "rows": rows.num_rows, "lower_bound": lower,
                         "rows_over_lower_bound": round(rows.num_rows / lower, 4), "pack_seconds": round(pack_s, 3)}
-    fimmed, figs = pipeline.apply_snapshot_fim(inputs, texts, m, tok, info["tokenizer_sha256"])
-    fim_s = best_of(lambda: pipeline.apply_snapshot_fim(inputs, texts, m, tok, info["tokenizer_sha256"]), REPEATS)
+    fimmed, figs = pack_inputs.apply_fim(inputs, texts, m.settings, tok, info["tokenizer_sha256"])
+    fim_s = best_of(lambda: pack_inputs.apply_fim(inputs, texts, m.settings, tok, info["tokenizer_sha256"]), REPEATS)
     rows = pack.build_rows(fimmed, m.settings.row_length, tk.BOS_ID, tk.PAD_ID, optional=optional)
     pack_fim_s = best_of(lambda: pack.build_rows(fimmed, m.settings.row_length, tk.BOS_ID, tk.PAD_ID, optional=optional),
                          REPEATS)

@@ -16,6 +16,10 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from megacpp_core.storage import DataRoot
 
 DAGSTER_YAML = """# Local instance for `megacpp run` and `dagster dev` (SQLite storage under this directory).
 telemetry:
@@ -34,107 +38,124 @@ def _setup_logging() -> None:
     lg.propagate = False
 
 
-def prepare_environment(data_root: str | None) -> tuple[Path, Path]:
-    """Fix the data root and ``DAGSTER_HOME`` (default ``DATA_ROOT/dagster_home``) in the environment."""
-    root = Path(data_root or os.environ.get("MEGACPP_DATA_ROOT", "data")).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    os.environ["MEGACPP_DATA_ROOT"] = str(root)
-    home = Path(os.environ.get("DAGSTER_HOME") or root / "dagster_home").resolve()
+def prepare_environment(data_root: str | None) -> tuple["DataRoot", Path]:
+    """Fix the data root and ``DAGSTER_HOME`` in the environment; return ``(root, home)``.
+
+    ``data_root``: a local path (created) or a URL such as ``s3://bucket/prefix``; default
+    ``$MEGACPP_DATA_ROOT`` or ``./data``. ``DAGSTER_HOME`` defaults to
+    ``DATA_ROOT/dagster_home`` for a local root; for an object store, Dagster's instance and
+    the content cache stay on this machine under ``$MEGACPP_STATE_DIR`` (default
+    ``~/.cache/megacpp/<hash of the URL>``).
+    """
+    import hashlib
+
+    from megacpp_core.storage import is_url, open_root
+
+    loc = data_root or os.environ.get("MEGACPP_DATA_ROOT") or "data"
+    if is_url(loc):
+        loc = loc.rstrip("/")
+        state = Path(os.environ.get("MEGACPP_STATE_DIR")
+                     or Path.home() / ".cache" / "megacpp" / hashlib.sha256(loc.encode()).hexdigest()[:12])
+        os.environ.setdefault("MEGACPP_CACHE_DIR", str(state / "cache"))
+    else:
+        loc = str(Path(loc).resolve())
+        Path(loc).mkdir(parents=True, exist_ok=True)
+        state = Path(loc)
+    os.environ["MEGACPP_DATA_ROOT"] = loc
+    home = Path(os.environ.get("DAGSTER_HOME") or state / "dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():
         (home / "dagster.yaml").write_text(DAGSTER_YAML)
     os.environ["DAGSTER_HOME"] = str(home)
-    return root, home
+    return open_root(loc), home
 
 
-def revision_is_current(instance, layout, manifest, source) -> bool:
-    """True when every per-revision asset (``REVISION_ASSETS``) of ``source``'s partition is materialized in
-    ``instance`` and the recorded pin (source fields + settings) equals the manifest's now.
+def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun: bool = False,
+                 stages=None) -> int:
+    """Materialize every out-of-date asset of a snapshot through Dagster; return an exit code.
 
-    The pin is read from the ``source_files`` materialization metadata and from the stage-0
-    figures under the data root; the scrubbed output must still exist on disk; for a
-    ``local`` source the directory's current content hash must equal the recorded revision.
-    """
-    from dagster import AssetRecordsFilter
-
-    key = manifest.partition_key(source)
-    pin = manifest.revision_pin(source)
-    fig = layout.read_figures("acquire", source.name) or {}
-    if fig.get("pin") != pin or not (layout.revision(source.name) / "scrubbed.parquet").exists():
-        return False
-    if source.kind == "local":  # a directory can change under the same label: compare the content hash
-        from megacpp_core.acquire_local import acquire_local
-
-        if acquire_local(source).revision != fig.get("revision"):
-            return False
-    from megacpp_assets.definitions import REVISION_ASSETS
-
-    for asset_key in [a.key for a in REVISION_ASSETS]:
-        asset_name = asset_key.to_user_string()
-        recs = instance.fetch_materializations(
-            AssetRecordsFilter(asset_key=asset_key, asset_partitions=[key]), limit=1).records
-        if not recs:
-            return False
-        if asset_name == "source_files":
-            md = recs[0].asset_materialization.metadata if recs[0].asset_materialization else {}
-            if getattr(md.get("pin"), "value", None) != pin:
-                return False
-    return True
-
-
-def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun: bool = False) -> int:
-    """Materialize every asset of a snapshot through Dagster; return an exit code.
-
-    Revisions already materialized under the same pin (see :func:`revision_is_current`)
-    are skipped unless ``rerun``; the snapshot-wide assets always run. Pins are checked
-    against the index / remote before any run starts (:func:`megacpp_core.acquire.check_pins`).
+    Per ``repo_revision`` partition, then for the ``snapshot`` partition, the assets that
+    are out of date (:mod:`megacpp_assets.freshness`: never materialized, a new code
+    version, changed settings, changed upstream data, a failed gate, missing outputs) and
+    everything downstream of them run in one job run; the rest is skipped with its reason
+    printed. ``rerun`` materializes everything. Pins are checked against the index /
+    remote before any run starts (:func:`megacpp_core.acquire.check_pins`).
+    ``stages``: the stage declarations to run (default the registry; tests pass a variant,
+    e.g. with one stage's ``code_version`` bumped).
     """
     from megacpp_core.acquire import check_pins
-    from megacpp_core.layout import SnapshotLayout
     from megacpp_core.manifest import ManifestError, load_manifest
-    from megacpp_core.pipeline import save_manifest_copy
+    from megacpp_core.snapshots import record_manifest
+    from megacpp_core.storage import StorageError
 
     root, home = prepare_environment(data_root)
     try:
         manifest = load_manifest(corpus)
-        check_pins(manifest, SnapshotLayout(root, manifest.name).cache)
+        check_pins(manifest, root.cache_dir)
     except ManifestError as e:
         print(f"megacpp run: {e}", file=sys.stderr)
         return 2
-    from dagster import DagsterInstance
+    from dagster import AssetKey, DagsterInstance
 
-    from megacpp_assets.definitions import defs
+    from megacpp_assets import freshness
     from megacpp_assets.sensors import register_partitions
+    from megacpp_core import layout
+    from megacpp_core.stage import Partition, Partitioning
 
+    if stages is None:
+        from megacpp_assets.definitions import defs as definitions
+        from megacpp_core.stages import STAGES as stages
+    else:
+        from megacpp_assets.definitions import build_definitions
+
+        definitions = build_definitions(stages)
     instance = instance or DagsterInstance.get()
-    layout = SnapshotLayout(root, manifest.name)
-    save_manifest_copy(layout, manifest)
+    try:
+        record_manifest(root, manifest)
+    except (StorageError, OSError) as e:
+        print(f"megacpp run: data root {root.url} cannot be written: {e}", file=sys.stderr)
+        return 2
     keys = [manifest.partition_key(s) for s in manifest.sources]
     register_partitions(instance, {manifest.name: manifest})
     print(f"megacpp run: snapshot {manifest.name!r} ({len(keys)} sources) from {manifest.path}")
-    print(f"  data root    {root}\n  DAGSTER_HOME {home}")
+    print(f"  data root    {root.url}\n  DAGSTER_HOME {home}")
     t0 = time.perf_counter()
-    revision_job = defs.resolve_job_def("revision_job")
-    for i, (source, key) in enumerate(zip(manifest.sources, keys), 1):
-        if not rerun and revision_is_current(instance, layout, manifest, source):
-            print(f"[{i}/{len(keys)}] repo_revision {key} (already materialized with this pin; skipped)")
+    revision_job = definitions.resolve_job_def("revision_job")
+    revision_assets = [s.asset for s in stages if s.partitioning is Partitioning.REVISION]
+    for i, source in enumerate(manifest.sources, 1):
+        part = Partition(manifest.name, source.name)
+        todo = revision_assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, part)]
+        if not todo:
+            print(f"[{i}/{len(keys)}] repo_revision {part.key} (current; skipped)")
             continue
-        print(f"[{i}/{len(keys)}] repo_revision {key}")
-        result = revision_job.execute_in_process(instance=instance, partition_key=key, run_config=QUIET, raise_on_error=False)
+        why = "" if rerun or len(todo) == len(revision_assets) else f" (out of date: {', '.join(todo)})"
+        print(f"[{i}/{len(keys)}] repo_revision {part.key}{why}")
+        result = revision_job.execute_in_process(instance=instance, partition_key=part.key, run_config=QUIET,
+                                                 raise_on_error=False, asset_selection=[AssetKey(a) for a in todo])
         if not result.success:
-            _report_failure(result, key)
+            _report_failure(result, part.key)
             return 1
-    print(f"[snapshot] {manifest.name}: dedup → tokenizer → chunk → chunk dedup → tokenize → pack → format")
-    result = defs.resolve_job_def("snapshot_job").execute_in_process(
-        instance=instance, partition_key=manifest.name, run_config=QUIET, raise_on_error=False)
-    if not result.success:
-        _report_failure(result, manifest.name)
-        return 1
+    snap = Partition(manifest.name)
+    snapshot_assets = [s.asset for s in stages if s.partitioning is Partitioning.SNAPSHOT] + ["dataset_card"]
+    final = [s for s in stages if s.partitioning is Partitioning.SNAPSHOT][-1]
+    extra = {"dataset_card": ("1", [final.asset], lambda: root.exists(layout.card_key(manifest.name)))}
+    plan = snapshot_assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, snap, extra)]
+    if plan:
+        print(f"[snapshot] {manifest.name}: " + " → ".join(plan))
+        result = definitions.resolve_job_def("snapshot_job").execute_in_process(
+            instance=instance, partition_key=manifest.name, run_config=QUIET, raise_on_error=False,
+            asset_selection=[AssetKey(a) for a in plan])
+        if not result.success:
+            _report_failure(result, manifest.name)
+            return 1
+    else:
+        print(f"[snapshot] {manifest.name}: current; skipped")
     print(f"\nDone in {time.perf_counter() - t0:.1f}s. Outputs of snapshot {manifest.name!r}:")
+    prefix = layout.snapshot_prefix(manifest.name)
     for sub in ("packed", "megatron", "tokenizer"):
-        print(f"  {sub:<10} {layout.stage_dir(sub)}")
-    print(f"  card       {layout.card}")
-    print(f"  UI         make ui   (dagster dev with DAGSTER_HOME={home} MEGACPP_DATA_ROOT={root})")
+        print(f"  {sub:<10} {root.uri(f'{prefix}/{sub}')}")
+    print(f"  card       {root.uri(layout.card_key(manifest.name))}")
+    print(f"  UI         make ui   (dagster dev with DAGSTER_HOME={home} MEGACPP_DATA_ROOT={root.url})")
     return 0
 
 

@@ -36,8 +36,9 @@ from dagster import (
     sensor,
 )
 
-from megacpp_core.layout import default_data_root
+from megacpp_core import snapshots
 from megacpp_core.manifest import Manifest, ManifestError, load_manifest, shipped_manifests
+from megacpp_core.storage import DataRoot, StorageError, open_root
 from megacpp_resources import DataRootResource
 
 log = logging.getLogger("megacpp.sensors")
@@ -46,20 +47,24 @@ log = logging.getLogger("megacpp.sensors")
 SENSOR_INTERVAL_SECONDS = 60
 
 
-def known_manifests(data_root: Path) -> dict[str, Manifest]:
+def known_manifests(data_root: DataRoot | str | Path) -> dict[str, Manifest]:
     """Every loadable manifest by snapshot name: shipped ones, then those recorded under
-    ``data_root/snapshots/*/manifest.yaml`` (which win). A manifest that does not load is
-    logged and left out (it cannot be partitioned), never raised."""
-    found: dict[str, Manifest] = {}
-    recorded = sorted(Path(data_root).glob("snapshots/*/manifest.yaml"))
-    for p in list(shipped_manifests()) + recorded:
-        try:
-            m = load_manifest(p)
-        except ManifestError as e:
-            log.warning("manifest %s left out: %s", p, e)
-            continue
-        found[m.name] = m
-    return dict(sorted(found.items()))
+    the data root's ``snapshots/*/manifest.yaml`` (which win). A manifest that does not
+    load is logged and left out (it cannot be partitioned), never raised; an unreachable
+    data root leaves only the shipped ones (logged)."""
+    root = data_root if isinstance(data_root, DataRoot) else open_root(data_root)
+    try:
+        return snapshots.known_manifests(root)
+    except (StorageError, OSError) as e:
+        log.warning("data root %s unreachable, using the shipped manifests only: %s", root.url, e)
+        found = {}
+        for p in shipped_manifests():
+            try:
+                m = load_manifest(p)
+            except ManifestError:
+                continue
+            found[m.name] = m
+        return dict(sorted(found.items()))
 
 
 def partition_requests(instance, manifests: dict[str, Manifest]) -> list[AddDynamicPartitionsRequest]:
@@ -157,9 +162,9 @@ def backfill_schedule(manifest: Manifest) -> ScheduleDefinition:
                               description=f"Backfill of snapshot {manifest.name!r} ({len(keys)} revisions) on {manifest.schedule}")
 
 
-def build_schedules(data_root: Path | None = None) -> list[ScheduleDefinition]:
+def build_schedules(data_root: DataRoot | str | Path | None = None) -> list[ScheduleDefinition]:
     """One backfill schedule per known manifest with a ``schedule:`` cron, sorted by name."""
-    return [backfill_schedule(m) for m in known_manifests(data_root or default_data_root()).values() if m.schedule]
+    return [backfill_schedule(m) for m in known_manifests(data_root or open_root()).values() if m.schedule]
 
 
 SENSORS = [manifest_partitions_sensor, snapshot_after_revisions_sensor]

@@ -1,4 +1,4 @@
-"""Verify gate for a packed-shard directory (SPEC §6).
+"""Verify gate for a packed-shard directory (SPEC §6), on a local path or any data-root URL.
 
 Refuses a directory without ``_SUCCESS``; checks the sentinel's tokenizer sha256 and
 vocabulary size against the snapshot tokenizer (given, or found in the sibling
@@ -10,7 +10,9 @@ every file satisfies the row contract twice: the pandera schema
 
 from __future__ import annotations
 
-import json
+import hashlib
+import io
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,64 +20,76 @@ import pyarrow.parquet as pq
 
 from megacpp_core import pack
 from megacpp_core import tokenizer as tk
-from megacpp_core.tables import sha256_file
+from megacpp_core.storage import DataRoot, is_url
 
+from .report import VerifyReport
 from .schemas.packed import validate_packed
-from .verify import VerifyReport
 
 
-def snapshot_tokenizer(path: Path) -> tuple[str | None, int | None]:
+def snapshot_tokenizer(path: str | os.PathLike) -> tuple[str | None, int | None]:
     """(sha256, vocab size) from ``PATH/../tokenizer/tokenizer_manifest.json`` or (None, None)."""
-    m = Path(path).parent / "tokenizer" / tk.MANIFEST_FILE
-    if not m.is_file():
+    s = os.fspath(path).rstrip("/")
+    parent, _, _ = s.rpartition("/")
+    root = DataRoot(parent or ".")
+    key = f"tokenizer/{tk.MANIFEST_FILE}"
+    if not root.exists(key):
         return None, None
-    info = json.loads(m.read_text())
+    info = root.read_json(key)
     return info.get("tokenizer_sha256"), info.get("vocab_size")
 
 
-def verify_packed_dir(path: Path, out: Callable[[str], None] = print, *,
+def verify_packed_dir(path: str | os.PathLike, out: Callable[[str], None] = print, *,
                       tokenizer_sha256: str | None = None, vocab_size: int | None = None) -> VerifyReport:
-    """Run the packed-shard gate; every failure names the file and the rule.
+    """Run the packed-shard gate on a directory (local path or URL such as
+    ``s3://bucket/prefix/snapshots/S/packed``); every failure names the file and the rule.
 
     ``tokenizer_sha256``/``vocab_size`` default to the snapshot's tokenizer manifest next
     to ``path`` (when there is one); a sentinel recording another tokenizer fails.
     """
-    path = Path(path)
+    where = os.fspath(path) if is_url(path) else str(Path(path))
+    d = DataRoot(where)
     failures: list[str] = []
     if tokenizer_sha256 is None and vocab_size is None:
-        tokenizer_sha256, vocab_size = snapshot_tokenizer(path)
+        tokenizer_sha256, vocab_size = snapshot_tokenizer(where)
+    if not d.exists(pack.SUCCESS):
+        msg = f"{where}: no {pack.SUCCESS} sentinel; the shards are incomplete and must not be read"
+        out(f"FAIL {msg}")
+        return VerifyReport(False, [msg])
+    sentinel = d.read_json(pack.SUCCESS)
     try:
-        sentinel = pack.read_success(path, tokenizer_sha256, vocab_size)
-    except (pack.IncompleteShardsError, pack.TokenizerMismatchError) as e:
+        pack.check_tokenizer(sentinel, tokenizer_sha256, vocab_size, d.uri(pack.SUCCESS))
+    except pack.TokenizerMismatchError as e:
         out(f"FAIL {e}")
         return VerifyReport(False, [str(e)])
     listed = {f["file"] for f in sentinel["files"]}
-    for extra in sorted(p.name for p in path.glob("*.parquet") if p.name not in listed):
-        failures.append(f"{path / extra}: shard not listed in {pack.SUCCESS}")
+    present = d.list("")
+    for extra in sorted(p for p in present if p.endswith(".parquet") and "/" not in p and p not in listed):
+        failures.append(f"{d.uri(extra)}: shard not listed in {pack.SUCCESS}")
     rows = tokens = 0
     for f in sentinel["files"]:
-        fp = path / f["file"]
-        if not fp.exists():
+        fp = d.uri(f["file"])
+        if not d.exists(f["file"]):
             failures.append(f"{fp}: missing (listed in {pack.SUCCESS})")
             continue
-        if sha256_file(fp) != f["sha256"]:
+        data = d.read_bytes(f["file"])
+        if hashlib.sha256(data).hexdigest() != f["sha256"]:
             failures.append(f"{fp}: sha256 differs from {pack.SUCCESS}")
             continue
-        table = pq.read_table(fp)
-        ok, detail = validate_packed(table, sentinel["row_length"], sentinel["vocab_size"], tk.BOS_ID, tk.PAD_ID, where=str(fp))
+        table = pq.read_table(io.BytesIO(data))
+        ok, detail = validate_packed(table, sentinel["row_length"], sentinel["vocab_size"], tk.BOS_ID, tk.PAD_ID, where=fp)
         if not ok:
             failures.append(detail)
             continue
         try:
-            s = pack.check_rows(table, sentinel["row_length"], sentinel["vocab_size"], tk.BOS_ID, tk.PAD_ID, where=str(fp))
+            s = pack.check_rows(table, sentinel["row_length"], sentinel["vocab_size"], tk.BOS_ID, tk.PAD_ID, where=fp)
             rows += s["rows"]
             tokens += s["tokens"]
         except pack.RowContractError as e:
             failures.append(str(e))
     if rows != sentinel["rows"] and not failures:
-        failures.append(f"{path}: {rows} rows found, {pack.SUCCESS} records {sentinel['rows']}")
+        failures.append(f"{where}: {rows} rows found, {pack.SUCCESS} records {sentinel['rows']}")
     for msg in failures:
         out(f"FAIL {msg}")
     if not failures:
-        out(f"OK {path}: {rows} rows, {tokens} tokens, row length {sentinel['row_length']}, vocab {sentinel['vocab_size']}")
+        out(f"OK {where}: {rows} rows, {tokens} tokens, row length {sentinel['row_length']}, vocab {sentinel['vocab_size']}")
     return VerifyReport(not failures, failures, {"rows": rows, "tokens": tokens})

@@ -12,7 +12,6 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,8 @@ from megacpp_core.megatron import (
 )
 from megacpp_core.tables import atomic_write_text, sha256_file
 
+from .report import VerifyReport
+
 #: ``<BOS>`` id: third of the tokenizer's special tokens ["<PAD>", "<UNK>", "<BOS>", "<EOS>"] (SPEC §5).
 BOS_ID = 2
 #: Tokens of document zero printed by the gate (SPEC §7).
@@ -37,16 +38,6 @@ SCAN_CHUNK_TOKENS = 1 << 24
 SIDECAR_FORMAT = "megacpp-megatron-sidecar/1"
 _SIDECAR_STR_KEYS = ("tokenizer_path", "tokenizer_sha256", "documents_path",
                      "document_key_column", "document_text_column")
-
-
-@dataclass
-class VerifyReport:
-    """Outcome of a gate run: ``ok`` iff ``failures`` is empty; ``figures`` holds counts
-    (sequences, documents, tokens, dtype, vocab_size, min/max token id, first tokens)."""
-
-    ok: bool
-    failures: list[str] = field(default_factory=list)
-    figures: dict = field(default_factory=dict)
 
 
 def sidecar_path(prefix: str | os.PathLike) -> Path:
@@ -326,12 +317,30 @@ def main_verify(path: str | os.PathLike, out: Callable[[str], object] = print) -
     """Gate entry point; returns the exit code: 0 ok, 1 failures, 2 usage error.
 
     ``path`` is a Megatron prefix (with or without ``.bin``/``.idx``) or a packed-shard
-    directory, handed to ``megacpp_checks.packed.verify_packed_dir(path, out)``, which must
-    return an object with an ``ok`` attribute. Anything else is a usage error.
+    directory, on a local path or a data-root URL (``s3://…/snapshots/S/packed``, or
+    ``s3://…/megatron/S_text_document``: the prefix's files are copied to a local scratch
+    directory first, since the gate memory-maps them). Anything else is a usage error.
     """
-    if Path(path).is_dir():
-        from megacpp_checks.packed import verify_packed_dir
+    from megacpp_core.storage import DataRoot, is_url
 
+    from megacpp_checks.packed import verify_packed_dir
+
+    if is_url(path):
+        s = os.fspath(path).rstrip("/")
+        if DataRoot(s).exists("_SUCCESS"):
+            return 0 if verify_packed_dir(s, out).ok else 1
+        if s.endswith((".bin", ".idx")):
+            s = s[:-4]
+        parent, _, name = s.rpartition("/")
+        root = DataRoot(parent)
+        wanted = [k for k in root.list("") if "/" not in k and (k.startswith(name + ".") or k == "tokenizer.json")]
+        if not any(k.endswith((".bin", ".idx", ".json")) and k.startswith(name + ".") for k in wanted):
+            out(f"{path}: neither a Megatron dataset prefix (.bin/.idx/.json) nor a packed-shard directory [usage]")
+            return 2
+        with root.local_copy(wanted) as got:
+            local = next(iter(got.values())).parent / name
+            return 0 if verify_megatron(local, out=out).ok else 1
+    if Path(path).is_dir():
         return 0 if verify_packed_dir(Path(path), out).ok else 1
     prefix = resolve_prefix(path)
     if prefix is None:

@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from .acquire import Acquired, AcquireError, ArchiveLimits, _hash_file, iter_archive
+from .archives import Acquired, AcquireError, ArchiveLimits, _hash_file, iter_archive
 from .manifest import Source
 
 #: ``-c`` options on every git call: no hooks, no external transports, no submodules.

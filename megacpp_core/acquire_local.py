@@ -21,7 +21,7 @@ import os
 import stat
 from pathlib import Path
 
-from .acquire import Acquired, AcquireError, ArchiveLimits, UnsafeArchiveError, _check_name, _check_sizes
+from .archives import Acquired, AcquireError, ArchiveLimits, UnsafeArchiveError, _check_name, _check_sizes
 from .manifest import Source
 
 

@@ -1,14 +1,15 @@
 """The dataset card (SPEC §9): a markdown summary of one snapshot, stage by stage.
 
-Rendered from the figures each stage persisted under ``figures/``; written to
-``snapshots/SNAPSHOT/card.md`` and attached to the final asset's metadata.
+Rendered from the figures each stage run persisted under ``figures/`` (the card is the
+only reader of figures files); written to ``snapshots/SNAPSHOT/card.md`` through the data
+root and attached to the ``dataset_card`` asset's metadata.
 """
 
 from __future__ import annotations
 
-from .layout import SnapshotLayout
+from . import layout
 from .manifest import Manifest
-from .tables import atomic_write_text
+from .storage import DataRoot
 
 REVISION_STAGES = ("acquire", "quality", "license", "scrub", "minhash")
 SNAPSHOT_STAGES = ("dedup", "tokenizer", "chunk", "chunk_dedup", "tokenize", "pack", "format")
@@ -53,13 +54,20 @@ def dedup_section(d: dict) -> list[str]:
     return L
 
 
-def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
+def read_figures(root: DataRoot, snapshot: str, stage: str, source: str | None = None) -> dict | None:
+    """A stage's persisted figures for a partition, or None when it has not run."""
+    key = layout.figures_key(snapshot, stage, source)
+    return root.read_json(key) if root.exists(key) else None
+
+
+def render_card(root: DataRoot, manifest: Manifest) -> str:
     """Markdown text of the card; missing stage figures are shown as "not materialized"."""
     L: list[str] = [f"# Dataset card — snapshot `{manifest.name}`", ""]
     L += [f"Manifest: `{manifest.path.name}` · settings fingerprint `{manifest.settings.fingerprint()}` · "
           f"row length {manifest.settings.row_length:,} · vocabulary {manifest.settings.vocab_size:,}", ""]
-    rev = {st: {s.name: layout.read_figures(st, s.name) for s in manifest.sources} for st in REVISION_STAGES}
-    snap = {st: layout.read_figures(st) for st in SNAPSHOT_STAGES}
+    rev = {st: {s.name: read_figures(root, manifest.name, st, s.name) for s in manifest.sources}
+           for st in REVISION_STAGES + ("semantic_graph",)}
+    snap = {st: read_figures(root, manifest.name, st) for st in SNAPSHOT_STAGES}
 
     L += ["## Sources", "", "| source | archive sha256 | files | bytes | C/C++ kept | license classes | wall s |",
           "|---|---|---:|---:|---:|---|---:|"]
@@ -119,7 +127,8 @@ def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
           f"(fallback rate {_fmt(c.get('brace_fallback_rate', 0.0))}). Buckets: "
           + (", ".join(f"{k} tokens {_fmt(v)}" for k, v in (c.get('buckets') or {}).items()) or "none")
           + f"; documents over their bucket: {_fmt(c.get('documents_over_bucket', 0))}."]
-    L += enrichment_section(c, snap["tokenize"] or {})
+    lane = {name: f for name, f in rev["semantic_graph"].items() if f and f.get("enabled")}
+    L += enrichment_section(c, snap["tokenize"] or {}, lane)
     tz, p, f = snap["tokenize"] or {}, snap["pack"] or {}, snap["format"] or {}
     L += ["", "## Stages 8–10 — tokens, rows, Megatron", "",
           f"Tokens (with BOS) {_fmt(tz.get('tokens', 0))} over {_fmt(tz.get('documents', 0))} documents "
@@ -142,8 +151,9 @@ def render_card(layout: SnapshotLayout, manifest: Manifest) -> str:
     return "\n".join(L) + "\n"
 
 
-def enrichment_section(c: dict, tz: dict) -> list[str]:
-    """Markdown lines of the enrichment figures (stage 6 and the stage-8 alignment)."""
+def enrichment_section(c: dict, tz: dict, lane: dict | None = None) -> list[str]:
+    """Markdown lines of the enrichment figures (stage 6 and the stage-8 alignment) and of
+    the libclang lane (``lane``: the ``semantic_graph`` figures per source)."""
     if not c.get("enrichment"):
         return ["", "## Enrichment", "", "Off for this snapshot (`settings.enrichment: false`; the libclang lane needs it)."]
     share = tz.get("structure_token_share") or {}
@@ -169,15 +179,15 @@ def enrichment_section(c: dict, tz: dict) -> list[str]:
           f"tree-sitter edges replaced by libclang's ({_fmt(c.get('documents_with_semantic_edges', 0))} documents).", "",
           "| source | TUs | TU coverage | call coverage | resolved into the tree | edges | timeouts | crashes |",
           "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, f in (c.get("semantic_sources") or {}).items():
+    for name, f in (lane or {}).items():
         L.append(f"| {name} | {_fmt(f.get('tus') or 0)} | {_fmt(f.get('tu_coverage') or 0.0)} | {_fmt(f.get('call_coverage') or 0.0)} | "
                  f"{_fmt(f.get('call_coverage_tree') or 0.0)} | {_fmt(f.get('edges') or 0)} | {_fmt(f.get('tus_timeout') or 0)} | "
                  f"{_fmt(f.get('tus_crashed') or 0)} |")
     return L
 
 
-def write_card(layout: SnapshotLayout, manifest: Manifest) -> str:
-    """Render and write ``card.md``; return the text."""
-    text = render_card(layout, manifest)
-    atomic_write_text(layout.card, text)
+def write_card(root: DataRoot, manifest: Manifest) -> str:
+    """Render and write ``snapshots/SNAPSHOT/card.md``; return the text."""
+    text = render_card(root, manifest)
+    root.write_text(layout.card_key(manifest.name), text)
     return text

@@ -1,43 +1,68 @@
-"""Where every stage's outputs live under the data root (SPEC §9).
+"""Where a snapshot's outputs live under the data root (SPEC §9).
 
-``DATA_ROOT`` defaults to ``./data`` or ``$MEGACPP_DATA_ROOT``. A snapshot's outputs are
-under ``DATA_ROOT/snapshots/SNAPSHOT/``: per-revision stage tables in
+Keys are POSIX paths relative to the data root (:mod:`megacpp_core.storage`). A snapshot's
+outputs are under ``snapshots/SNAPSHOT/``: per-revision stage tables in
 ``revisions/SOURCE/``, then ``dedup/``, ``tokenizer/``, ``documents/``, ``tokenized/``,
 ``packed/`` (parquet shards and ``_SUCCESS``), ``megatron/`` (``.bin/.idx``), ``figures/``
-(one JSON per stage, read by the dataset card) and ``card.md``. Fetched archives are
-content-addressed under ``DATA_ROOT/cache/``.
+(one JSON per stage and partition, read only by the dataset card), ``manifest.yaml`` (the
+manifest the snapshot was materialized from) and ``card.md``. Each stage's datasets are
+declared in :mod:`megacpp_core.catalog`. Fetched archives are content-addressed in the
+local cache (``DATA_ROOT/cache`` for a local root).
+
+:class:`SnapshotLayout` is the same layout as local paths, for tools and tests that work
+on a local data root.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .tables import atomic_write_text
+
+def snapshot_prefix(snapshot: str) -> str:
+    """``snapshots/SNAPSHOT``."""
+    return f"snapshots/{snapshot}"
+
+
+def figures_key(snapshot: str, stage: str, source: str | None = None) -> str:
+    """Key of a stage's figures: ``figures/STAGE.json`` or ``figures/STAGE/SOURCE.json``."""
+    rel = f"{stage}.json" if source is None else f"{stage}/{source}.json"
+    return f"{snapshot_prefix(snapshot)}/figures/{rel}"
+
+
+def manifest_key(snapshot: str) -> str:
+    """Key of the recorded manifest of a snapshot."""
+    return f"{snapshot_prefix(snapshot)}/manifest.yaml"
+
+
+def card_key(snapshot: str) -> str:
+    """Key of the dataset card of a snapshot."""
+    return f"{snapshot_prefix(snapshot)}/card.md"
 
 
 def default_data_root() -> Path:
-    """``$MEGACPP_DATA_ROOT`` or ``./data``, made absolute."""
+    """``$MEGACPP_DATA_ROOT`` or ``./data``, made absolute (local roots only)."""
+    import os
+
     return Path(os.environ.get("MEGACPP_DATA_ROOT", "data")).resolve()
 
 
 @dataclass(frozen=True)
 class SnapshotLayout:
-    """Paths of one snapshot's outputs under a data root."""
+    """Local paths of one snapshot's outputs under a local data root."""
 
     data_root: Path
     snapshot: str
 
     @property
     def cache(self) -> Path:
-        return self.data_root / "cache"
+        return Path(self.data_root) / "cache"
 
     @property
     def root(self) -> Path:
-        return self.data_root / "snapshots" / self.snapshot
+        return Path(self.data_root) / snapshot_prefix(self.snapshot)
 
     def revision(self, source: str) -> Path:
         return self.root / "revisions" / source
@@ -47,15 +72,10 @@ class SnapshotLayout:
 
     @property
     def card(self) -> Path:
-        return self.root / "card.md"
+        return Path(self.data_root) / card_key(self.snapshot)
 
     def figures_path(self, stage: str, source: str | None = None) -> Path:
-        base = self.root / "figures"
-        return base / (f"{stage}.json" if source is None else f"{stage}/{source}.json")
-
-    def write_figures(self, stage: str, figures: dict[str, Any], source: str | None = None) -> Path:
-        """Persist a stage's figures (sorted-key JSON) for the dataset card."""
-        return atomic_write_text(self.figures_path(stage, source), json.dumps(figures, sort_keys=True, indent=2) + "\n")
+        return Path(self.data_root) / figures_key(self.snapshot, stage, source)
 
     def read_figures(self, stage: str, source: str | None = None) -> dict[str, Any] | None:
         p = self.figures_path(stage, source)

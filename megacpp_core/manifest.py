@@ -345,8 +345,17 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
     (:func:`megacpp_core.acquire.check_pins`), not here: loading needs no network.
     """
     path = resolve_manifest(name_or_path)
+    return parse_manifest(path.read_text(encoding="utf-8"), path)
+
+
+def parse_manifest(text: str, path: Path) -> Manifest:
+    """Parse and validate manifest ``text`` as if read from ``path`` (relative paths in it
+    resolve against ``path``'s directory; errors name ``path``). Used for the copy a
+    snapshot records under the data root. Raises :class:`ManifestError` as
+    :func:`load_manifest` does."""
+    path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ManifestError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(doc, dict):

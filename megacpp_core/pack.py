@@ -475,25 +475,15 @@ def check_rows(table: pa.Table, row_length: int, vocab_size: int, bos_id: int, p
             "padding_fraction": float(1 - valid.sum() / (table.num_rows * L))}
 
 
-def write_shards(rows: pa.Table, out_dir: Path, *, row_length: int, vocab_size: int,
-                 tokenizer_sha256: str, validation_fraction: float = 0.01,
-                 max_docs_per_shard: int = 50_000, extra: dict | None = None,
-                 row_group_size: int = 1024) -> dict:
-    """Write packed rows as parquet shards plus the ``_SUCCESS`` sentinel (SPEC §6).
+def plan_shards(rows: pa.Table, *, validation_fraction: float = 0.01, max_docs_per_shard: int = 50_000
+                ) -> tuple[list[tuple[str, pa.Table, dict]], int]:
+    """Split packed rows into shard files (SPEC §6): ``([(file name, rows, info)], n_val)``.
 
-    The last ``ceil(validation_fraction × rows)`` rows (by ``pack_id``; none when there
-    is a single row) go to ``validation-*.parquet``, the rest to ``train-*.parquet``;
-    each file holds at most ``max_docs_per_shard`` documents (50,000, SPEC §6) in
-    ``row_group_size``-row row groups (1,024, SPEC §6). Any previous sentinel is removed
-    first and then the old shards; the sentinel (counts, file sha256s, schema version,
-    producer revision, tokenizer sha256 and vocabulary size) is written atomically only
-    after the last file is closed. Returns the sentinel dict.
+    The last ``ceil(validation_fraction × rows)`` rows (by ``pack_id``; none when there is
+    a single row) go to ``validation-*.parquet``, the rest to ``train-*.parquet``; each file
+    holds at most ``max_docs_per_shard`` documents (50,000, SPEC §6). ``info`` has
+    ``split``, ``rows``, ``docs`` and ``tokens`` of the file.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / SUCCESS).unlink(missing_ok=True)
-    for old in out_dir.glob("*.parquet"):
-        old.unlink()
     n = rows.num_rows
     n_val = math.ceil(n * validation_fraction) if n > 1 else 0
     splits = {"train": rows.slice(0, n - n_val), "validation": rows.slice(n - n_val, n_val)}
@@ -506,26 +496,57 @@ def write_shards(rows: pa.Table, out_dir: Path, *, row_length: int, vocab_size: 
             while end < tbl.num_rows and (acc + docs[end] <= max_docs_per_shard or end == start):
                 acc += docs[end]
                 end += 1
-            name = f"{split}-{shard:05d}.parquet"
-            write_parquet(tbl.slice(start, end - start), out_dir / name, row_group_size=row_group_size)
-            files.append({"file": name, "split": split, "rows": end - start, "docs": int(acc),
-                          "tokens": int(tbl.slice(start, end - start).column("valid_token_count").to_numpy().sum()),
-                          "sha256": sha256_file(out_dir / name)})
+            part = tbl.slice(start, end - start)
+            files.append((f"{split}-{shard:05d}.parquet", part,
+                          {"split": split, "rows": end - start, "docs": int(acc),
+                           "tokens": int(part.column("valid_token_count").to_numpy().sum())}))
             start, shard = end, shard + 1
-    sentinel = {
+    return files, n_val
+
+
+def sentinel_fields(rows: pa.Table, files: list[tuple[str, pa.Table, dict]], n_val: int, *, row_length: int,
+                    vocab_size: int, tokenizer_sha256: str, extra: dict | None = None) -> dict:
+    """The ``_SUCCESS`` sentinel of :func:`plan_shards` files, without the ``files`` list
+    (counts, schema version, producer revision, tokenizer sha256, vocabulary size, row
+    length, optional columns, and ``extra``)."""
+    return {
         "schema_version": SCHEMA_VERSION,
         "producer_revision": PRODUCER_REVISION,
         "tokenizer_sha256": tokenizer_sha256,
         "vocab_size": vocab_size,
         "row_length": row_length,
-        "rows": n,
+        "rows": rows.num_rows,
         "validation_rows": n_val,
-        "docs": int(sum(f["docs"] for f in files)),
-        "tokens": int(sum(f["tokens"] for f in files)),
+        "docs": int(sum(f[2]["docs"] for f in files)),
+        "tokens": int(sum(f[2]["tokens"] for f in files)),
         "optional_columns": [c for c in OPTIONAL_COLUMNS if c in rows.column_names],
-        "files": files,
         **(extra or {}),
     }
+
+
+def write_shards(rows: pa.Table, out_dir: Path, *, row_length: int, vocab_size: int,
+                 tokenizer_sha256: str, validation_fraction: float = 0.01,
+                 max_docs_per_shard: int = 50_000, extra: dict | None = None,
+                 row_group_size: int = 1024) -> dict:
+    """Write packed rows as parquet shards plus the ``_SUCCESS`` sentinel into a local
+    directory (:func:`plan_shards`, :func:`sentinel_fields`; 1,024-row row groups, SPEC §6).
+
+    Any previous sentinel is removed first and then the old shards; the sentinel (with
+    each file's sha256) is written atomically only after the last file is closed. Returns
+    the sentinel dict. The pack stage commits the same files through the data root.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SUCCESS).unlink(missing_ok=True)
+    for old in out_dir.glob("*.parquet"):
+        old.unlink()
+    planned, n_val = plan_shards(rows, validation_fraction=validation_fraction, max_docs_per_shard=max_docs_per_shard)
+    files = []
+    for name, part, info in planned:
+        write_parquet(part, out_dir / name, row_group_size=row_group_size)
+        files.append({**info, "file": name, "sha256": sha256_file(out_dir / name)})
+    sentinel = {**sentinel_fields(rows, planned, n_val, row_length=row_length, vocab_size=vocab_size,
+                                  tokenizer_sha256=tokenizer_sha256, extra=extra), "files": files}
     tmp = out_dir / (SUCCESS + ".tmp")
     tmp.write_text(json.dumps(sentinel, sort_keys=True, indent=2) + "\n")
     os.replace(tmp, out_dir / SUCCESS)

@@ -75,3 +75,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def value_counts(column: pa.ChunkedArray | pa.Array) -> dict[str, int]:
+    """``{value: count}`` of a string column, sorted by value; nulls count under ``"none"``."""
+    import pyarrow.compute as pc
+
+    vc = pc.value_counts(column.fill_null("none")).to_pylist()
+    return {d["values"]: d["counts"] for d in sorted(vc, key=lambda d: d["values"])}

@@ -201,3 +201,77 @@ def align_document(text: str, ids: np.ndarray, spans: tuple[np.ndarray, np.ndarr
                 kept.append({"from": keep[e["from"]], "to": keep[e["to"]]})
         out[name] = kept
     return out
+
+
+def _list_array(values: list[np.ndarray], typ: pa.ListType) -> pa.Array:
+    """A list array from numpy arrays in one concatenation (no per-element Python objects)."""
+    lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    np_type = typ.value_type.to_pandas_dtype()
+    flat = np.concatenate(values).astype(np_type, copy=False) if values else np.zeros(0, dtype=np_type)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=typ.value_type))
+
+
+def token_enriched_columns() -> pa.Schema:
+    """The token-aligned enrichment columns :func:`align_enrichment` adds: token character
+    spans (int32), the five planes (uint8 per token), ``chunk_boundaries`` in token
+    positions; the re-indexed ``call_edges``/``type_edges`` follow them."""
+    from . import pack
+
+    return pa.schema([("token_char_start", pa.list_(pa.int32())), ("token_char_end", pa.list_(pa.int32())),
+                      *[(p, pack.OPTIONAL_TYPES[p]) for p in pack.PLANES],
+                      ("chunk_boundaries", pack.OPTIONAL_TYPES["chunk_boundaries"])])
+
+
+def align_enrichment(table: pa.Table, tok, tokenizer_sha256: str) -> tuple[pa.Table, dict]:
+    """Replace the chunk stage's character-level columns of tokenized documents by
+    token-aligned ones (:func:`align_document`): ``token_char_start/end``, the five planes,
+    ``chunk_boundaries`` in token positions and re-indexed edges.
+
+    ``table``: tokenized documents with ``input_ids`` and the ``char_*`` columns. Returns
+    ``(table, figures)``; figures: the share of tokens per StructureCategory and the chunks
+    dropped for holding no token start. Raises :class:`AlignmentError` naming the document
+    on any misalignment (fails closed).
+    """
+    from . import pack
+    from .chunk import StructureCategory
+
+    columns = token_enriched_columns()
+    table_bytes, lengths = byte_table(tok, tokenizer_sha256)
+    d = table.select(["doc_key", "text", "char_chunk_boundaries", "call_edges", "type_edges", *CHAR_PLANES]).to_pydict()
+    ids_col = table.column("input_ids").combine_chunks()
+    offsets = ids_col.offsets.to_numpy()
+    flat = ids_col.values.to_numpy(zero_copy_only=False)
+    new: dict[str, list] = {f.name: [] for f in columns}
+    new["call_edges"], new["type_edges"] = [], []
+    counts = np.zeros(len(StructureCategory), dtype=np.int64)
+    dropped = 0
+    for i, key in enumerate(d["doc_key"]):
+        ids = flat[offsets[i]:offsets[i + 1]]
+        spans = token_char_spans(d["text"][i], ids, table_bytes, lengths, key)
+        al = align_document(d["text"][i], ids, spans, {c: d[c][i] for c in CHAR_PLANES},
+                            d["char_chunk_boundaries"][i], d["call_edges"][i], d["type_edges"][i], key)
+        new["token_char_start"].append(spans[0])
+        new["token_char_end"].append(spans[1])
+        for p in pack.PLANES:
+            new[p].append(al[p])
+        new["chunk_boundaries"].append(al["chunk_boundaries"])
+        new["call_edges"].append(al["call_edges"])
+        new["type_edges"].append(al["type_edges"])
+        dropped += len(d["char_chunk_boundaries"][i]) - len(al["chunk_boundaries"])
+        counts += np.bincount(al["structure_ids"][1:], minlength=len(counts))[:len(counts)]
+    table = table.drop_columns(["char_chunk_boundaries", "call_edges", "type_edges", *CHAR_PLANES])
+    for f in columns:
+        vals = new[f.name]
+        if pa.types.is_list(f.type) and not pa.types.is_struct(f.type.value_type):
+            arr = _list_array([np.asarray(v) for v in vals], f.type)
+        else:
+            arr = pa.array(vals, type=f.type)
+        table = table.append_column(f, arr)
+    for e in pack.EDGE_COLUMNS:
+        table = table.append_column(pa.field(e, pack.OPTIONAL_TYPES[e]), pa.array(new[e], type=pack.OPTIONAL_TYPES[e]))
+    total = max(1, int(counts.sum()))
+    figures = {"structure_token_share": {c.name: round(int(counts[c]) / total, 4) for c in StructureCategory},
+               "chunks_without_tokens": int(dropped),
+               "token_chunks": int(sum(len(x) for x in new["chunk_boundaries"]))}
+    return table, figures

@@ -448,6 +448,20 @@ def load_tokenizer(path: str | os.PathLike, expected_sha256: str | None = None) 
     return tok
 
 
+def tokenizer_from_json(text: str | bytes, expected_sha256: str | None = None, where: str = "tokenizer.json") -> Tokenizer:
+    """:func:`load_tokenizer` from the bytes of a ``tokenizer.json`` (read through the data
+    root). Raises :class:`TokenizerMismatchError` naming ``where`` and both hashes when
+    ``expected_sha256`` is given and differs."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    if expected_sha256 is not None:
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != expected_sha256.lower():
+            raise TokenizerMismatchError(f"{where}: sha256 {actual} does not match expected {expected_sha256}")
+    tok = Tokenizer.from_str(data.decode("utf-8"))
+    tok.encode_special_tokens = True
+    return tok
+
+
 def pin_tokenizer(path: str | os.PathLike, sha256: str, vocab_size: int) -> tuple[Tokenizer, dict]:
     """Load a pinned ``tokenizer.json`` instead of training; return ``(tokenizer, layout)``.
 

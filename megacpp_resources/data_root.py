@@ -1,40 +1,42 @@
 """The configurable data root (SPEC §2, §9) and manifest resolution for partitions."""
 
 
-import os
-from pathlib import Path
-
 from dagster import ConfigurableResource
 
-from megacpp_core.layout import SnapshotLayout
-from megacpp_core.manifest import Manifest, Source, load_manifest, split_partition_key
+from megacpp_core.manifest import Manifest
+from megacpp_core.snapshots import snapshot_manifest
+from megacpp_core.stage import Partition, Partitioning
+from megacpp_core.storage import DataRoot, open_root
 
 
 class DataRootResource(ConfigurableResource):
-    """Where every stage reads and writes: ``data_root`` (default ``$MEGACPP_DATA_ROOT`` or ``./data``).
+    """Where every stage reads and writes: ``data_root`` — a local path or any fsspec URL
+    (``s3://bucket/prefix``); default ``$MEGACPP_DATA_ROOT`` or ``./data``, read at call
+    time. Object-store credentials come from the environment (``AWS_*`` for S3).
 
-    A snapshot's manifest is the copy recorded under ``snapshots/NAME/manifest.yaml``
-    by ``megacpp run`` (or the sensor), else the shipped ``corpora/NAME.yaml``.
+    A snapshot's manifest is the copy recorded under ``snapshots/NAME/manifest.yaml`` by
+    ``megacpp run`` (or the sensor), else the shipped ``corpora/NAME.yaml``.
     """
 
     data_root: str = ""
 
-    def root(self) -> Path:
-        """The configured root, else ``$MEGACPP_DATA_ROOT`` read at call time, else ``./data``."""
-        return Path(self.data_root or os.environ.get("MEGACPP_DATA_ROOT", "data")).resolve()
-
-    def layout(self, snapshot: str) -> SnapshotLayout:
-        return SnapshotLayout(self.root(), snapshot)
+    def root(self) -> DataRoot:
+        """The data root (:class:`~megacpp_core.storage.DataRoot`)."""
+        return open_root(self.data_root or None)
 
     def manifest(self, snapshot: str) -> Manifest:
-        recorded = self.layout(snapshot).root / "manifest.yaml"
-        return load_manifest(recorded if recorded.exists() else snapshot)
+        return snapshot_manifest(self.root(), snapshot)
 
-    def for_revision(self, partition_key: str) -> tuple[SnapshotLayout, Manifest, Source]:
-        """Resolve a ``repo_revision`` key ``SNAPSHOT/SOURCE`` to its layout, manifest and source."""
-        snapshot, source = split_partition_key(partition_key)
-        manifest = self.manifest(snapshot)
-        return self.layout(snapshot), manifest, manifest.source(source)
-
-    def for_snapshot(self, snapshot: str) -> tuple[SnapshotLayout, Manifest]:
-        return self.layout(snapshot), self.manifest(snapshot)
+    def resolve(self, partition_key: str, partitioning: Partitioning) -> tuple[DataRoot, Manifest, Partition]:
+        """The data root, manifest and :class:`~megacpp_core.stage.Partition` of a Dagster
+        partition key: ``SNAPSHOT`` for snapshot assets, ``SNAPSHOT/SOURCE`` for revision
+        assets. Raises ``ValueError`` for a malformed key, ``KeyError`` for an unknown source."""
+        root = self.root()
+        if partitioning is Partitioning.SNAPSHOT:
+            return root, snapshot_manifest(root, partition_key), Partition(partition_key)
+        snapshot, sep, source = partition_key.partition("/")
+        if not sep or not snapshot or not source or "/" in source:
+            raise ValueError(f"repo_revision partition key {partition_key!r} is not of the form SNAPSHOT/SOURCE")
+        manifest = snapshot_manifest(root, snapshot)
+        manifest.source(source)
+        return root, manifest, Partition(snapshot, source)

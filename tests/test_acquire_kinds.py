@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from megacpp_checks.schemas.acquire import validate_source_files
-from megacpp_core import acquire, pipeline
+from megacpp_core import acquire, stages
 from megacpp_core.layout import SnapshotLayout
 from megacpp_core.manifest import ManifestError, load_manifest
 from megacpp_core.tables import read_parquet
@@ -70,16 +70,16 @@ def test_git_tag_fetched_shallow_commit_recorded_no_hooks(tmp_path, served_repo)
     m = load_manifest(_manifest(tmp_path, f"name: g\nsources:\n  - {{name: up-1.0, kind: git, url: '{repo.as_uri()}', tag: v1.0}}\n"
                                           f"  - {{name: up-1.1, kind: git, url: '{repo.as_uri()}', tag: v1.1}}\n"))
     layout = SnapshotLayout(tmp_path / "root", "g")
-    res = pipeline.run_acquire(layout, m, m.sources[0])
+    res = stages.run("acquire", layout.data_root, m, m.sources[0])
     assert res.figures["revision"] == first and res.checks["hash_matches_pin"][0] and res.checks["source_files_schema"][0]
-    t = read_parquet(res.outputs["source_files"])
+    t = read_parquet(layout.revision("up-1.0") / "source_files.parquet")
     assert t.column("path").to_pylist() == [".gitattributes", "LICENSE", "include/a.h", "src/a.cpp"]  # in-tree symlink skipped
     assert set(t.column("revision").to_pylist()) == {first} and set(t.column("version").to_pylist()) == {"v1.0"}
     assert set(t.column("kind").to_pylist()) == {"git"} and t.column("archive_sha256").null_count == t.num_rows
     lang = dict(zip(t.column("path").to_pylist(), t.column("language").to_pylist()))
     assert lang["src/a.cpp"] == "cpp" and lang["include/a.h"] == "header" and lang["LICENSE"] is None
     # the lightweight tag resolves to the second commit; the fetch was shallow (one commit)
-    light = pipeline.run_acquire(layout, m, m.sources[1])
+    light = stages.run("acquire", layout.data_root, m, m.sources[1])
     assert light.figures["revision"] == second and light.figures["files"] == 5
     assert not marker.exists(), "a hook of the fetched repository ran"
     assert not any((layout.cache / "tmp").iterdir()), "temporary clone left behind"
@@ -233,7 +233,7 @@ def test_hostile_archive_partition_fails_and_writes_nothing(tmp_path):
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"stale output of an earlier run")
     with pytest.raises(acquire.UnsafeArchiveError) as e:
-        pipeline.run_acquire(layout, m, m.sources[0])
+        stages.run("acquire", layout.data_root, m, m.sources[0])
     assert (e.value.archive, e.value.entry) == ("evil-1.tar.gz", "pkg/evil") and "outside" in e.value.rule
     assert not [p for p in layout.revision("evil").rglob("*") if p.is_file()]
     assert layout.read_figures("acquire", "evil") is None
@@ -262,5 +262,5 @@ def test_second_run_makes_no_network_access(tmp_path, monkeypatch):
     monkeypatch.setattr(acquire, "_download", _no_network)
     acquire.check_pins(m, layout.cache)
     for s in m.sources:
-        res = pipeline.run_acquire(layout, m, s)
+        res = stages.run("acquire", layout.data_root, m, s)
         assert res.figures["from_cache"] is True and res.checks["hash_matches_pin"][0]

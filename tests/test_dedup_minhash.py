@@ -15,7 +15,8 @@ from megacpp_core import acquire, dedup
 from megacpp_core import minhash as mh
 from megacpp_core.dedup import DedupRecord, deduplicate, shingles
 from megacpp_core.manifest import load_manifest
-from megacpp_core.pipeline import CLUSTERS_SCHEMA, DECISIONS_SCHEMA, read_signatures, signatures_table
+from megacpp_core.signatures import read_signatures, signatures_table
+from megacpp_core.stages.dedup import CLUSTERS_SCHEMA, DECISIONS_SCHEMA
 from megacpp_checks.schemas.dedup import validate_decisions
 
 from .conftest import SHARED_CACHE

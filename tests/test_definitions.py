@@ -1,10 +1,16 @@
-"""The Dagster code location: asset graph of SPEC §4, partitions, blocking checks, jobs."""
+"""The Dagster code location: the asset graph generated from the stage declarations
+(SPEC §4), partitions, blocking checks, code versions, jobs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from dagster import AssetKey, Definitions, DynamicPartitionsDefinition
 
-from megacpp_assets.definitions import CHECKS, defs
+from megacpp_assets.definitions import build_definitions, defs
+from megacpp_core import stages
+from megacpp_core.stage import Partitioning
+from megacpp_core.stages import STAGES
 
 ORDER = ["source_files", "quality_files", "license_files", "scrubbed_files", "dedup_decisions", "tokenizer",
          "chunked_documents", "chunk_dedup", "tokenized_documents", "packed_rows", "megatron_dataset"]
@@ -14,31 +20,50 @@ def test_definitions_load_and_graph_is_the_stage_chain():
     Definitions.validate_loadable(defs)
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == set(ORDER) | {"k8s_workers", "minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14",
-                                 "compile_commands", "semantic_graph"}
+    assert keys == {s.asset for s in STAGES} | {"k8s_workers", "dataset_card"}
+    assert set(ORDER) | {"minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14", "compile_commands",
+                         "semantic_graph"} == {s.asset for s in STAGES}
     for up, down in zip(ORDER, ORDER[1:]):
         assert AssetKey(up) in graph.get(AssetKey(down)).parent_keys, (up, down)
+    assert AssetKey("megatron_dataset") in graph.get(AssetKey("dataset_card")).parent_keys
+
+
+def test_every_dependency_is_a_declared_input():
+    """The generated deps are exactly the producers of each stage's declared inputs."""
+    graph = defs.resolve_asset_graph()
+    producers = stages.producers()
+    for s in STAGES:
+        want = {AssetKey(producers[d.name].asset) for d in s.inputs}
+        assert set(graph.get(AssetKey(s.asset)).parent_keys) == want, s.name
 
 
 def test_partitions_and_fan_in():
     graph = defs.resolve_asset_graph()
-    for name in ORDER[:4]:
-        pd = graph.get(AssetKey(name)).partitions_def
-        assert isinstance(pd, DynamicPartitionsDefinition) and pd.name == "repo_revision"
-    for name in ORDER[4:]:
-        pd = graph.get(AssetKey(name)).partitions_def
-        assert isinstance(pd, DynamicPartitionsDefinition) and pd.name == "snapshot"
+    for s in STAGES:
+        pd = graph.get(AssetKey(s.asset)).partitions_def
+        want = "repo_revision" if s.partitioning is Partitioning.REVISION else "snapshot"
+        assert isinstance(pd, DynamicPartitionsDefinition) and pd.name == want, s.asset
     mapping = graph.get_partition_mapping(AssetKey("dedup_decisions"), AssetKey("scrubbed_files"))
     assert type(mapping).__name__ == "AllPartitionMapping"
 
 
-def test_every_stage_has_blocking_checks():
+def test_every_stage_has_its_blocking_checks_and_code_version():
     graph = defs.resolve_asset_graph()
-    for name in ORDER:
-        specs = {s.key.name: s for s in graph.get(AssetKey(name)).check_keys and
-                 defs.resolve_assets_def(AssetKey(name)).check_specs}
-        assert set(specs) == set(CHECKS[name]) and all(s.blocking for s in specs.values()), name
+    for s in STAGES:
+        ad = defs.resolve_assets_def(AssetKey(s.asset))
+        specs = {spec.key.name: spec for spec in ad.check_specs}
+        assert set(specs) == set(s.check_names) and all(x.blocking for x in specs.values()), s.asset
+        assert graph.get(AssetKey(s.asset)).code_version == s.code_version
+        for d in s.outputs:  # every output table with a schema has its schema check
+            assert (d.schema is None) == (d.schema_check is None) and (d.schema_check is None or d.schema_check in specs)
     assert {j.name for j in defs.resolve_all_job_defs()} >= {"revision_job", "snapshot_job"}
+
+
+def test_a_new_code_version_reaches_the_asset():
+    bumped = tuple(dataclasses.replace(s, code_version="2") if s.name == "tokenize" else s for s in STAGES)
+    graph = build_definitions(bumped).resolve_asset_graph()
+    assert graph.get(AssetKey("tokenized_documents")).code_version == "2"
+    assert graph.get(AssetKey("packed_rows")).code_version == stages.by_name("pack").code_version
 
 
 def test_production_profile_uses_k8s_job_executor():
@@ -59,11 +84,11 @@ def test_production_profile_uses_k8s_job_executor():
 def test_minhash_steps_have_their_own_pod_resources_and_band_split():
     import json
 
-    from megacpp_assets.definitions import LSH_BAND_RANGES
+    from megacpp_core.stages.lsh_bands import BAND_RANGES
 
     graph = defs.resolve_asset_graph()
     assert graph.get(AssetKey("minhash_signatures")).partitions_def.name == "repo_revision"
-    assert sorted(b for lo, hi in LSH_BAND_RANGES for b in range(lo, hi)) == list(range(14))
+    assert sorted(b for lo, hi in BAND_RANGES for b in range(lo, hi)) == list(range(14))
     for name in ("minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14"):
         op = defs.resolve_assets_def(AssetKey(name)).op
         cfg = op.tags["dagster-k8s/config"]  # Dagster stores dict tags as JSON text

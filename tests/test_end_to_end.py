@@ -10,7 +10,7 @@ import pytest
 from dagster import AssetKey
 
 from megacpp_assets.cli import main
-from megacpp_assets.definitions import CHECKS
+from megacpp_core.stages import STAGES
 from megacpp_core import pack
 from megacpp_core import tokenizer as tk
 from megacpp_core.layout import SnapshotLayout
@@ -37,14 +37,16 @@ def test_dagster_recorded_every_asset_and_check(tiny_run):
         parts = {m.event_log_entry.dagster_event.partition for m in mats}
         assert parts == {"tiny/pybind11-3.1.0", "tiny/lz4-4.4.5", "tiny/xxhash-4.1.0"}, key
     for key in ["dedup_decisions", "tokenizer", "chunked_documents", "chunk_dedup", "tokenized_documents",
-                "packed_rows", "megatron_dataset"]:
+                "packed_rows", "megatron_dataset", "dataset_card"]:
         mats = instance.fetch_materializations(AssetKey(key), limit=1).records
         assert mats and mats[0].event_log_entry.dagster_event.partition == "tiny", key
-    md = instance.fetch_materializations(AssetKey("megatron_dataset"), limit=1).records[0] \
-        .event_log_entry.dagster_event.event_specific_data.materialization.metadata
-    assert "Dataset card" in md["card"].value and md["verify_ok"].value is True
+    def metadata(asset):
+        return instance.fetch_materializations(AssetKey(asset), limit=1).records[0] \
+            .event_log_entry.dagster_event.event_specific_data.materialization.metadata
+
+    assert "Dataset card" in metadata("dataset_card")["card"].value and metadata("megatron_dataset")["verify_ok"].value is True
     from dagster import AssetCheckKey
-    for asset, names in CHECKS.items():
+    for asset, names in ((s.asset, s.check_names) for s in STAGES):
         for name in names:
             rec = instance.event_log_storage.get_latest_asset_check_execution_by_key([AssetCheckKey(AssetKey(asset), name)])
             ex = rec[AssetCheckKey(AssetKey(asset), name)]

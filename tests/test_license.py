@@ -106,13 +106,13 @@ def test_policy_overrides_and_decisions():
 
 def test_policy_from_snapshot_settings(tmp_path):
     from megacpp_core.manifest import ManifestError, load_manifest
-    from megacpp_core.pipeline import license_policy
+    from megacpp_core.stages.license import license_policy
 
     base = (tmp_path / "m.yaml")
     src = ("sources:\n  - {name: a-1, kind: pypi, package: a, version: '1', sha256: '" + "0" * 64 + "'}\n")
     base.write_text("name: s\nsettings: {license_gpl2_decision: refuse, refused_sources: [b-2], "
                     "license_refused_ids: [Zlib]}\n" + src)
-    policy = license_policy(load_manifest(base))
+    policy = license_policy(load_manifest(base).settings)
     assert policy.gpl2_decision == "refuse" and policy.refused_sources == frozenset({"b-2"})
     assert classify_expression("Zlib", policy) == "refused" and classify_expression("Zlib OR MIT", policy) == "permissive"
     base.write_text("name: s\nsettings: {license_gpl2_decision: sometimes}\n" + src)

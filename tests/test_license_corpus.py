@@ -16,7 +16,8 @@ from megacpp_checks.schemas import license as license_schema
 from megacpp_checks.schemas import quality as quality_schema
 from megacpp_checks.schemas import scrub as scrub_schema
 from megacpp_core import license as lic
-from megacpp_core import pipeline
+from megacpp_core import stages
+from megacpp_core.stages import license as license_stage
 from megacpp_core.layout import SnapshotLayout
 from megacpp_core.manifest import load_manifest
 
@@ -34,9 +35,9 @@ def corpus(tmp_path_factory):
     rows = {}
     for name in SOURCES:
         src = manifest.source(name)
-        for run in (pipeline.run_acquire, pipeline.run_quality, pipeline.run_license, pipeline.run_scrub):
-            res = run(layout, manifest, src)
-            assert all(ok for ok, _ in res.checks.values()), (run.__name__, res.checks)
+        for stage in ("acquire", "quality", "license", "scrub"):
+            res = stages.run(stage, layout.data_root, manifest, src)
+            assert all(ok for ok, _ in res.checks.values()), (stage, res.checks)
         t = pq.read_table(layout.revision(name) / "license.parquet").to_pylist()
         rows[name] = {r["path"]: r for r in t}
     return layout, manifest, rows
@@ -89,7 +90,7 @@ def test_stage_tables_pass_their_schemas(corpus):
 def test_header_scans_are_cached_across_files(corpus):
     layout, manifest, _ = corpus
     scanner = lic.Scanner()
-    pipeline.run_license(layout, manifest, manifest.source("psycopg2-2.9.13"), scanner)
+    stages.run("license", layout.data_root, manifest, "psycopg2-2.9.13", tools={"scancode": scanner})
     # 66 files share a handful of distinct normalized headers and license files
     assert scanner.scans < 10 < scanner.cache_hits
 
@@ -100,10 +101,10 @@ def test_policy_is_configurable_per_snapshot(corpus):
     strict = dataclasses.replace(manifest, settings=dataclasses.replace(
         manifest.settings, license_gpl2_decision="refuse", license_weak_copyleft_decision="accept_tagged",
         refused_sources=("zstandard-0.25.0",)))
-    policy = pipeline.license_policy(strict)
-    scanner = pipeline.shared_scanner()
+    policy = license_stage.license_policy(strict.settings)
+    scanner = license_stage.shared_scanner()
     for name in SOURCES:
-        res = pipeline.run_license(layout, strict, strict.source(name), scanner)
+        res = stages.run("license", layout.data_root, strict, name, tools={"scancode": scanner})
         assert res.checks["every_file_decided"][0]
     lev2 = {r["path"]: r for r in pq.read_table(layout.revision("levenshtein-0.27.5") / "license.parquet").to_pylist()}
     assert {r["decision"] for p, r in lev2.items() if p.startswith("src/Levenshtein/")} == {"refuse"}
@@ -113,7 +114,7 @@ def test_policy_is_configurable_per_snapshot(corpus):
     assert {(r["decision"], r["origin"], r["reason"]) for r in z2} == {("refuse", "refusal_list", "source on refusal list")}
     assert policy.refused_sources == frozenset({"zstandard-0.25.0"}) and policy.gpl2_decision == "refuse"
     # scrub drops every refused file: none reaches the output
-    res = pipeline.run_scrub(layout, strict, strict.source("levenshtein-0.27.5"))
+    res = stages.run("scrub", layout.data_root, strict, "levenshtein-0.27.5")
     assert res.checks["no_refused_license_downstream"][0]
     out = pq.read_table(layout.revision("levenshtein-0.27.5") / "scrubbed.parquet").column("path").to_pylist()
     assert not any(p.startswith("src/Levenshtein/") for p in out)

@@ -82,7 +82,7 @@ def test_pipeline_row_level_format_on_tiny(tiny_run, tmp_path):
     import shutil
 
     from megacpp_checks.verify import verify_megatron
-    from megacpp_core import pipeline
+    from megacpp_core import stages
     from megacpp_core.layout import SnapshotLayout
     from megacpp_core.manifest import load_manifest
 
@@ -92,10 +92,11 @@ def test_pipeline_row_level_format_on_tiny(tiny_run, tmp_path):
         shutil.copytree(src.root / sub, copy.root / sub)
     m = load_manifest("tiny")
     m = dataclasses.replace(m, settings=dataclasses.replace(m.settings, megatron_export="row"))
-    res = pipeline.run_format(copy, m)
+    res = stages.run("format", copy.data_root, m)
     sentinel = pack.read_success(copy.stage_dir("packed"))
     assert res.figures["export_level"] == "row" and res.figures["documents"] == sentinel["rows"]
     assert res.figures["tokens"] == sentinel["rows"] * sentinel["row_length"]
-    assert verify_megatron(pipeline.megatron_prefix(copy, m), out=lambda x: None).ok
-    keys = pq.read_table(f"{pipeline.megatron_prefix(copy, m)}.documents.parquet").column("doc_key").to_pylist()
+    prefix = copy.root / res.figures["prefix"]
+    assert verify_megatron(prefix, out=lambda x: None).ok and res.checks["verify_gate"][0]
+    keys = pq.read_table(f"{prefix}.documents.parquet").column("doc_key").to_pylist()
     assert keys[0] == "row-0"

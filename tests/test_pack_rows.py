@@ -214,7 +214,9 @@ def test_shards_split_row_groups_and_sentinel_records_lineage(tmp_path):
 def test_pack_and_format_refuse_a_tokenizer_mismatch(tiny_run, tmp_path):
     import shutil
 
-    from megacpp_core import pipeline
+    import pyarrow.parquet as pq
+
+    from megacpp_core import stages
     from megacpp_core.layout import SnapshotLayout
     from megacpp_core.manifest import load_manifest
 
@@ -224,16 +226,17 @@ def test_pack_and_format_refuse_a_tokenizer_mismatch(tiny_run, tmp_path):
     for sub in ("tokenized", "tokenizer", "figures", "packed"):
         shutil.copytree(src.root / sub, copy.root / sub)
     manifest = load_manifest("tiny")
-    figs = copy.read_figures("tokenize")
-    figs["tokenizer_sha256"] = "0" * 64
-    copy.write_figures("tokenize", figs)
-    with pytest.raises(pack.TokenizerMismatchError, match="0{64}.*snapshot tokenizer"):
-        pipeline.run_pack(copy, manifest)
     sentinel = json.loads((copy.stage_dir("packed") / pack.SUCCESS).read_text())
     sentinel["tokenizer_sha256"] = "1" * 64
     (copy.stage_dir("packed") / pack.SUCCESS).write_text(json.dumps(sentinel))
     with pytest.raises(pack.TokenizerMismatchError, match="1{64}"):
-        pipeline.run_format(copy, manifest)
+        stages.run("format", copy.data_root, manifest)
     from megacpp_assets.cli import main
 
     assert main(["verify", str(copy.stage_dir("packed"))]) == 1
+    docs = copy.stage_dir("tokenized") / "documents.parquet"
+    table = pq.read_table(docs)  # documents tokenized with another tokenizer (their lineage key says so)
+    pq.write_table(table.replace_schema_metadata({b"megacpp.tokenizer_sha256": b"0" * 64}), docs)
+    with pytest.raises(pack.TokenizerMismatchError, match="0{64}.*snapshot tokenizer"):
+        stages.run("pack", copy.data_root, manifest)
+    assert not (copy.stage_dir("packed") / pack.SUCCESS).exists()  # the refused run left no sentinel behind

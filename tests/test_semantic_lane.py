@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 from dagster import AssetKey
 
 from megacpp_checks.schemas import semantic as semantic_schema
-from megacpp_core import enrich, manifest, pipeline
+from megacpp_core import enrich, manifest, stages
 from megacpp_core.layout import SnapshotLayout
 from megacpp_core.tables import read_parquet
 from tests.conftest import PROJECT, make_data_root
@@ -46,7 +45,7 @@ def test_assets_tags_pool_and_lineage():
     assert node.pool == profiles.POOLS["libclang"] == "megacpp-libclang"
     assert AssetKey("compile_commands") in graph.get(AssetKey("semantic_graph")).parent_keys
     assert AssetKey("semantic_graph") in graph.get(AssetKey("chunked_documents")).parent_keys
-    assert {c.name for c in sg.check_specs} == {"every_tu_accounted", "semantic_schema"}
+    assert {c.name for c in sg.check_specs} == {"every_tu_accounted", "semantic_edges_schema", "build_info_schema"}
 
 
 def test_line_units_map_lines_to_the_unit_they_start_in():
@@ -98,10 +97,8 @@ def test_lane_outputs_and_checks(semtest):
         assert figs["enabled"] and figs["tu_coverage"] >= 0.9 and figs["call_coverage"] >= 0.8
     from dagster import AssetCheckKey
 
-    from megacpp_assets.definitions import CHECKS
-
     for asset in ("compile_commands", "semantic_graph", "chunked_documents", "tokenized_documents"):
-        for name in CHECKS[asset]:
+        for name in stages.by_name(asset).check_names:
             key = AssetCheckKey(AssetKey(asset), name)
             ex = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
             assert ex.evaluation.passed, (asset, name)
@@ -109,12 +106,27 @@ def test_lane_outputs_and_checks(semtest):
     assert "### libclang semantic graph lane" in card and "| lz4-4.4.5 | 8 |" in card
 
 
+def _lane_edges(layout, m):
+    """The lane's edges as the chunk stage reads them (its declared inputs, through the runner's context)."""
+    from megacpp_core import catalog
+    from megacpp_core.runner import StageContext
+    from megacpp_core.stage import Partition
+    from megacpp_core.stages import chunk as chunk_stage
+    from megacpp_core.storage import DataRoot
+
+    ctx = StageContext(chunk_stage.STAGE, DataRoot(layout.data_root), m, Partition(m.name))
+    assert {catalog.SEMANTIC_EDGES, catalog.BUILD_INFO} <= set(chunk_stage.STAGE.inputs)
+    lane, figs = chunk_stage.semantic_unit_edges(ctx)
+    assert figs["semantic_covered_files"] == len(lane)
+    return lane
+
+
 def test_lane_edges_replace_tree_sitter_edges(semtest):
     layout, _, path = semtest
     m = manifest.load_manifest(path)
-    lane, figs = pipeline.semantic_unit_edges(layout, m)
-    assert figs["semantic_covered_files"] > 0
+    lane = _lane_edges(layout, m)
     chunk_figs = layout.read_figures("chunk")
+    assert chunk_figs["semantic_covered_files"] == len(lane) > 0
     assert chunk_figs["semantic_graph"] is True and chunk_figs["documents_with_semantic_edges"] > 0
     docs = read_parquet(layout.stage_dir("documents") / "chunks.parquet").to_pydict()
     kept = read_parquet(layout.stage_dir("dedup") / "kept.parquet").to_pydict()
@@ -146,8 +158,8 @@ def test_stale_database_is_refused(semtest, tmp_path):
         doc = json.loads(original)
         doc["revision"] = "0" * 64
         db_path.write_text(json.dumps(doc))
-        with pytest.raises(pipeline.StageError, match="no current compile database"):
-            pipeline.run_semantic_graph(layout, m, src)
+        with pytest.raises(stages.StageError, match="no current compile database"):
+            stages.run("semantic_graph", layout.data_root, m, src)
     finally:
         db_path.write_text(original)
 
@@ -193,9 +205,8 @@ def test_lane_lines_follow_the_scrubbed_text(tmp_path):
     m = manifest.load_manifest(m_path)
     layout = SnapshotLayout(make_data_root(tmp_path / "root"), m.name)
     src = m.sources[0]
-    for stage in (pipeline.run_acquire, pipeline.run_quality, pipeline.run_license, pipeline.run_scrub,
-                  pipeline.run_compile_commands, pipeline.run_semantic_graph):
-        stage(layout, m, src)
+    for stage in ("acquire", "quality", "license", "scrub", "compile_commands", "semantic_graph"):
+        stages.run(stage, layout.data_root, m, src)
     text = read_parquet(layout.revision(src.name) / "scrubbed.parquet").column("text")[0].as_py()
     assert text.count("\n") < KEY_C.count("\n") and not scrub.find_leaks(text)
     edges = read_parquet(layout.revision(src.name) / "semantic_edges.parquet").to_pydict()

@@ -33,7 +33,7 @@ def _output_hashes(root: Path, snapshot: str = "tiny") -> dict[str, str]:
     out = {}
     for p in sorted(base.rglob("*")):
         rel = p.relative_to(base).as_posix()
-        if p.is_file() and not rel.startswith("figures/") and rel not in ("card.md", "manifest.yaml"):
+        if p.is_file() and not rel.startswith("figures/") and rel not in ("card.md", "manifest.yaml", "manifest.origin.json"):
             out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 
@@ -90,13 +90,21 @@ def test_adding_one_source_materializes_only_that_revision(tiny_run_b, tmp_path)
     card = (root / "snapshots" / "tiny" / "card.md").read_text()
     assert "extra-ring" in card
     # the local directory changes under the same label: only that revision is out of date
-    from megacpp_assets.cli import revision_is_current
-    from megacpp_core.layout import SnapshotLayout
+    from megacpp_assets.freshness import plan
+    from megacpp_core.stage import Partition
+    from megacpp_core.stages import STAGES
+    from megacpp_core.storage import DataRoot
 
-    m, layout = load_manifest(grown), SnapshotLayout(root, "tiny")
-    assert all(revision_is_current(instance, layout, m, s) for s in m.sources)
+    m, data_root = load_manifest(grown), DataRoot(root)
+
+    def out_of_date() -> dict[str, list]:
+        return {s.name: todo for s in m.sources if (todo := plan(instance, STAGES, data_root, m, Partition("tiny", s.name)))}
+
+    assert out_of_date() == {}
     (extra / "ring.c").write_text((extra / "ring.c").read_text() + "int ring_cap(void) { return 64; }\n")
-    assert [s.name for s in m.sources if not revision_is_current(instance, layout, m, s)] == ["extra-ring"]
+    stale = out_of_date()
+    assert list(stale) == ["extra-ring"]
+    assert stale["extra-ring"][0].asset == "source_files" and "content changed" in stale["extra-ring"][0].reason
 
 
 def _write_manifest(root: Path, name: str, sources: list[str], schedule: str | None = None) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megacpp_core import pipeline, tokenize
+from megacpp_core import stages, tokenize
 from megacpp_core import tokenizer as T
 from megacpp_core.layout import SnapshotLayout
 from megacpp_core.manifest import ManifestError, load_manifest
@@ -219,12 +219,12 @@ def test_tokenize_stage_refuses_tampered_tokenizer(tiny_layout, tmp_path):
     tdir = lay.stage_dir("tokenizer")
     info = json.loads((tdir / T.MANIFEST_FILE).read_text())
     (tdir / T.MANIFEST_FILE).write_text(json.dumps({**info, "vocab_size": 65536}))
-    with pytest.raises(pipeline.StageError, match="vocab size"):
-        pipeline.run_tokenize(lay, manifest)
+    with pytest.raises(stages.StageError, match="vocab size"):
+        stages.run("tokenize", lay.data_root, manifest)
     (tdir / T.MANIFEST_FILE).write_text(json.dumps(info))
     (tdir / T.TOKENIZER_FILE).write_text((tdir / T.TOKENIZER_FILE).read_text() + " ")
     with pytest.raises(T.TokenizerMismatchError, match="does not match"):
-        pipeline.run_tokenize(lay, manifest)
+        stages.run("tokenize", lay.data_root, manifest)
 
 
 def test_tokenizer_stage_uses_pinned_file(tiny_layout, tmp_path):
@@ -235,11 +235,11 @@ def test_tokenizer_stage_uses_pinned_file(tiny_layout, tmp_path):
     base = yaml.safe_load(load_manifest("tiny").path.read_text())
     p = tmp_path / "tiny_pinned.yaml"
     p.write_text(yaml.safe_dump({**base, "name": "tiny", "tokenizer": {"path": str(src), "sha256": sha}}))
-    res = pipeline.run_tokenizer(lay, load_manifest(p))
+    res = stages.run("tokenizer", lay.data_root, load_manifest(p))
     assert all(ok for ok, _ in res.checks.values()) and res.figures["pinned"] is True
     info = json.loads((lay.stage_dir("tokenizer") / T.MANIFEST_FILE).read_text())
     assert info["tokenizer_sha256"] == sha and info["pinned"]["sha256"] == sha and info["vocab_size"] == 131072
     assert info["bands"] == json.loads((src.parent / T.MANIFEST_FILE).read_text())["bands"]
     p.write_text(yaml.safe_dump({**base, "name": "tiny", "tokenizer": {"path": str(src), "sha256": "0" * 64}}))
-    with pytest.raises(pipeline.StageError, match="pinned tokenizer refused"):
-        pipeline.run_tokenizer(lay, load_manifest(p))
+    with pytest.raises(stages.StageError, match="pinned tokenizer refused"):
+        stages.run("tokenizer", lay.data_root, load_manifest(p))

@@ -58,6 +58,16 @@ CLUSTERS = pa.DataFrameSchema(
 )
 
 
+def validate_decisions_table(decisions: pa_arrow.Table) -> tuple[bool, str]:
+    """Validate a ``decisions`` table alone; ``(passed, detail)``."""
+    return validate_frame(DECISIONS, decisions, "decisions")
+
+
+def validate_clusters(clusters: pa_arrow.Table) -> tuple[bool, str]:
+    """Validate a ``duplicate_clusters`` table alone; ``(passed, detail)``."""
+    return validate_frame(CLUSTERS, clusters, "duplicate_clusters")
+
+
 def validate_decisions(decisions: pa_arrow.Table, clusters: pa_arrow.Table) -> tuple[bool, str]:
     """Validate both stage-4 tables and their joint rule: every drop's ``kept_twin`` is a
     kept file, and every drop appears in ``duplicate_clusters`` with that kept member.

@@ -223,3 +223,10 @@ TOKENIZED = pa.DataFrameSchema(
 def validate_tokenized(table: pa_arrow.Table, bos_id: int) -> tuple[bool, str]:
     """Validate the stage-8 tokenized documents table (``tokenized/documents.parquet``)."""
     return validate_frame(TOKENIZED, tokenized_facts(table, bos_id), "tokenized documents")
+
+
+def validate_tokenized_documents(table: pa_arrow.Table) -> tuple[bool, str]:
+    """:func:`validate_tokenized` with the tokenizer's fixed ``<BOS>`` id (SPEC §4: id 2)."""
+    from megacpp_core.tokenizer import BOS_ID
+
+    return validate_tokenized(table, BOS_ID)

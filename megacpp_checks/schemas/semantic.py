@@ -12,6 +12,8 @@ from __future__ import annotations
 import pandera.pandas as pa
 import pyarrow as pa_arrow
 
+from megacpp_core.semantic import STATUSES
+
 from . import validate_frame
 
 _REL_PATH = r"^(?!/)(?!.*(^|/)\.\.(/|$)).+$"
@@ -45,3 +47,33 @@ def validate_edges(table: pa_arrow.Table) -> tuple[bool, str]:
         if c in df:
             df[c] = df[c].astype("Int32")
     return validate_frame(EDGES, df, "semantic_edges")
+
+
+BUILD_INFO = pa.DataFrameSchema(
+    {
+        "file": pa.Column(str, [pa.Check.str_matches(_REL_PATH)], unique=True),
+        "arguments": pa.Column(object),
+        "shipped": pa.Column(bool),
+        "status": pa.Column(str, pa.Check.isin(list(STATUSES))),
+        "errors": pa.Column("int32", pa.Check.ge(0)),
+        "fatal": pa.Column("int32", pa.Check.ge(0)),
+        "call_sites": pa.Column("int32", pa.Check.ge(0)),
+        "calls_resolved": pa.Column("int32", pa.Check.ge(0)),
+        "calls_resolved_tree": pa.Column("int32", pa.Check.ge(0)),
+        "edges": pa.Column("int32", pa.Check.ge(0)),
+        "seconds": pa.Column(float, pa.Check.ge(0.0)),
+        "peak_rss_mb": pa.Column(float, nullable=True),
+        "message": pa.Column(str, nullable=True),
+    },
+    checks=[pa.Check(lambda df: df["calls_resolved"] <= df["call_sites"], error="resolved calls ≤ call sites"),
+            pa.Check(lambda df: df["calls_resolved_tree"] <= df["calls_resolved"], error="tree-resolved ≤ resolved")],
+    strict=True,
+    coerce=False,
+)
+
+
+def validate_build_info(table: pa_arrow.Table) -> tuple[bool, str]:
+    """Validate a ``build_info`` table (one row per translation unit: its arguments, whether
+    the database was shipped, status in :data:`megacpp_core.semantic.STATUSES`, counts);
+    ``(passed, detail)``, never raises on bad rows."""
+    return validate_frame(BUILD_INFO, table.to_pandas(types_mapper={pa_arrow.int32(): None}.get), "build_info")

@@ -1,0 +1,184 @@
+"""The asset factory: Dagster assets and blocking asset checks generated from the stage
+declarations of :mod:`megacpp_core.stages` (one factory for every stage).
+
+For each :class:`~megacpp_core.stage.Stage` the factory builds one asset named
+``stage.asset``: partitioned by the dynamic ``repo_revision`` partitions (keys
+``SNAPSHOT/SOURCE``) or ``snapshot`` partitions; its dependencies are the stages that
+write the datasets it reads (a snapshot stage reading a per-revision dataset fans in with
+``AllPartitionMapping``); its ``code_version`` is the stage's; its blocking asset checks
+are the stage's gates plus one schema check per output table; heavy stages carry their
+pod resources and concurrency pool; declared tools become required resources. The
+asset body only calls :func:`megacpp_core.runner.run_stage` and turns the result into a
+``MaterializeResult``: figures as metadata, check results, the partition's data version
+(a hash of the output files, so an unchanged output leaves everything downstream in
+sync) and tags recording the settings fingerprint and the input versions it read.
+"""
+
+
+import hashlib
+import json
+from typing import Any
+
+from dagster import (
+    AllPartitionMapping,
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetDep,
+    AssetExecutionContext,
+    AssetKey,
+    AssetRecordsFilter,
+    DataVersion,
+    DynamicPartitionsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+
+from megacpp_assets import profiles
+from megacpp_core import card
+from megacpp_core import stages as stage_registry
+from megacpp_core.runner import StageResult, output_uris, run_stage
+from megacpp_core.stage import Partitioning, Stage
+
+repo_revision = DynamicPartitionsDefinition(name="repo_revision")
+snapshot_partitions = DynamicPartitionsDefinition(name="snapshot")
+
+PARTITIONS = {Partitioning.REVISION: repo_revision, Partitioning.SNAPSHOT: snapshot_partitions}
+GROUPS = {Partitioning.REVISION: "per_revision", Partitioning.SNAPSHOT: "snapshot"}
+#: Materialization tags the CLI compares to decide what is out of date.
+SETTINGS_TAG = "megacpp/settings"
+INPUTS_TAG = "megacpp/inputs"
+GATES_TAG = "megacpp/gates"
+
+
+def metadata_value(value: Any) -> Any:
+    """A figure as typed Dagster metadata (bool, int, float, JSON, text)."""
+    if isinstance(value, bool):
+        return MetadataValue.bool(value)
+    if isinstance(value, int):
+        return MetadataValue.int(value)
+    if isinstance(value, float):
+        return MetadataValue.float(value)
+    if isinstance(value, (dict, list)):
+        return MetadataValue.json(value)
+    return MetadataValue.text(str(value))
+
+
+def upstream_partitions(stage: Stage, up: Stage, partition_key: str, sources: list[str]) -> list[str]:
+    """The partitions of ``up`` that ``stage``'s partition ``partition_key`` reads, within
+    its own snapshot (``sources``: the snapshot's source names)."""
+    snapshot = partition_key.split("/", 1)[0]
+    if up.partitioning is stage.partitioning:
+        return [partition_key]
+    if up.partitioning is Partitioning.SNAPSHOT:
+        return [snapshot]
+    return [f"{snapshot}/{s}" for s in sources]
+
+
+def current_data_version(instance, asset: str, partition: str) -> str | None:
+    """The data version of the latest materialization of ``asset`` at ``partition``."""
+    recs = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[partition]), limit=1).records
+    if not recs:
+        return None
+    mat = recs[0].asset_materialization
+    return (mat.tags or {}).get("dagster/data_version") if mat else None
+
+
+def inputs_fingerprint(instance, stage: Stage, partition_key: str, sources: list[str],
+                       producers: dict[str, Stage]) -> str:
+    """Hex sha256 (16 chars) over the current data versions of every upstream partition
+    ``stage``'s partition reads (restricted to its snapshot)."""
+    lines = []
+    for up in _upstream_stages(stage, producers):
+        for p in upstream_partitions(stage, up, partition_key, sources):
+            lines.append(f"{up.asset}@{p}={current_data_version(instance, up.asset, p)}")
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:16]
+
+
+def _upstream_stages(stage: Stage, producers: dict[str, Stage]) -> list[Stage]:
+    seen: dict[str, Stage] = {}
+    for d in stage.inputs:
+        up = producers[d.name]
+        seen.setdefault(up.asset, up)
+    return list(seen.values())
+
+
+def to_result(stage: Stage, res: StageResult, root, extra_tags: dict[str, str] | None = None) -> MaterializeResult:
+    """A stage result as asset metadata, check results, data version and tags."""
+    md: dict[str, Any] = {k: metadata_value(v) for k, v in sorted(res.figures.items())}
+    md.update({f"path_{k}": MetadataValue.path(v) for k, v in output_uris(root, res).items()})
+    md["settings_fingerprint"] = MetadataValue.text(res.settings_fingerprint)
+    checks = [AssetCheckResult(check_name=c, passed=bool(res.checks.get(c, (False, "not evaluated"))[0]),
+                               metadata={"detail": str(res.checks.get(c, (False, "not evaluated"))[1])})
+              for c in stage.check_names]
+    tags = {SETTINGS_TAG: res.settings_fingerprint, GATES_TAG: "passed" if res.ok else "failed", **(extra_tags or {})}
+    return MaterializeResult(metadata=md, check_results=checks, data_version=DataVersion(res.data_version), tags=tags)
+
+
+def stage_asset(stage: Stage, producers: dict[str, Stage]):
+    """The asset (with its blocking checks) of one declared stage."""
+    deps, seen = [], set()
+    for up in _upstream_stages(stage, producers):
+        if up.asset in seen:
+            continue
+        seen.add(up.asset)
+        fan_in = up.partitioning is Partitioning.REVISION and stage.partitioning is Partitioning.SNAPSHOT
+        deps.append(AssetDep(up.asset, partition_mapping=AllPartitionMapping() if fan_in else None))
+    gate_docs = {g.__name__: (g.__doc__ or "").strip() for g in stage.gates}
+    schema_docs = {d.schema_check: f"pandera schema of {d.name}: {d.description}" for d in stage.outputs if d.schema_check}
+    specs = [AssetCheckSpec(c, asset=stage.asset, blocking=True, description=gate_docs.get(c) or schema_docs.get(c))
+             for c in stage.check_names]
+    heavy = dict(op_tags=profiles.HEAVY_STEP_TAGS[stage.heavy], pool=profiles.POOLS[stage.heavy]) if stage.heavy else {}
+    resources = {"data_root", *stage.tools}
+
+    @asset(name=stage.asset, partitions_def=PARTITIONS[stage.partitioning], group_name=GROUPS[stage.partitioning],
+           deps=deps, check_specs=specs, code_version=stage.code_version, kinds=set(stage.kinds),
+           description=stage.description, required_resource_keys=resources,
+           metadata={"stage": stage.name, "inputs": [d.name for d in stage.inputs],
+                     "outputs": [d.name for d in stage.outputs], "settings": list(stage.settings)},
+           **heavy)
+    def _asset(context: AssetExecutionContext) -> MaterializeResult:
+        root, manifest, partition = context.resources.data_root.resolve(context.partition_key, stage.partitioning)
+        tools = {name: getattr(context.resources, name).tool() for name in stage.tools}
+        sources = [s.name for s in manifest.sources]
+        inputs = inputs_fingerprint(context.instance, stage, context.partition_key, sources, producers)
+        res = run_stage(stage, root, manifest, partition, tools=tools, log_fn=context.log.info)
+        context.log.info(f"{stage.asset} {context.partition_key}: data version {res.data_version[:12]}, "
+                         f"gates {'passed' if res.ok else 'FAILED'}")
+        return to_result(stage, res, root, {INPUTS_TAG: inputs})
+
+    return _asset
+
+
+def build_assets(stages: tuple[Stage, ...] = stage_registry.STAGES) -> list:
+    """Every stage's asset, in registry order (see the module docstring)."""
+    producers = stage_registry.producers(stages)
+    return [stage_asset(s, producers) for s in stages]
+
+
+def dataset_card_asset(final: Stage):
+    """The ``dataset_card`` asset: renders ``card.md`` from every stage's figures after
+    the last stage (the only reader of figures), and shows it in the UI."""
+
+    @asset(name="dataset_card", partitions_def=snapshot_partitions, group_name="snapshot", deps=[final.asset],
+           code_version="1", kinds={"markdown"}, required_resource_keys={"data_root"},
+           description="The dataset card: a markdown summary of the snapshot, stage by stage (SPEC §9).")
+    def _card(context: AssetExecutionContext) -> MaterializeResult:
+        root, manifest, _ = context.resources.data_root.resolve(context.partition_key, Partitioning.SNAPSHOT)
+        text = card.write_card(root, manifest)
+        from megacpp_core import layout
+
+        key = layout.card_key(manifest.name)
+        return MaterializeResult(metadata={"card": MetadataValue.md(text), "path_card": MetadataValue.path(root.uri(key))},
+                                 data_version=DataVersion(hashlib.sha256(text.encode()).hexdigest()))
+
+    return _card
+
+
+def describe(stages: tuple[Stage, ...] = stage_registry.STAGES) -> str:
+    """A JSON summary of the generated graph (asset, partitioning, deps, checks), for docs."""
+    producers = stage_registry.producers(stages)
+    return json.dumps([{"asset": s.asset, "partitioning": s.partitioning.value,
+                        "deps": sorted({producers[d.name].asset for d in s.inputs}), "checks": list(s.check_names),
+                        "code_version": s.code_version} for s in stages], indent=2)

@@ -1,0 +1,118 @@
+"""Which assets of a snapshot are out of date, from Dagster's code and data versions.
+
+A partition of a stage asset is **out of date** when one of these holds (first reason
+wins, so the CLI can say why):
+
+1. it was never materialized;
+2. its recorded ``dagster/code_version`` differs from the stage's ``code_version`` (the
+   same rule that makes the UI show it "unsynced");
+3. its recorded settings fingerprint (``megacpp/settings``: the stage's settings slice,
+   and the source pin for acquire) differs from the manifest's now;
+4. its last materialization failed a gate;
+5. the data versions of the upstream partitions it reads, within its own snapshot, differ
+   from the ones it read (``megacpp/inputs``) — data versions are hashes of the output
+   files, so an upstream re-run that wrote identical bytes changes nothing downstream;
+6. one of its outputs is gone from the data root;
+7. for a ``local`` source, the directory's content hash differs from the recorded revision.
+
+``megacpp run`` materializes, per partition, the out-of-date assets and everything
+downstream of them in the same job, and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dagster import AssetKey, AssetRecordsFilter
+
+from megacpp_assets.factory import GATES_TAG, INPUTS_TAG, SETTINGS_TAG, inputs_fingerprint
+from megacpp_core import stages as stage_registry
+from megacpp_core.manifest import Manifest
+from megacpp_core.runner import InputRef, settings_fingerprint
+from megacpp_core.stage import Partition, Stage
+from megacpp_core.storage import DataRoot
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """An out-of-date asset partition and why."""
+
+    asset: str
+    partition: str
+    reason: str
+
+
+def _latest(instance, asset: str, partition: str):
+    recs = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[partition]), limit=1).records
+    return recs[0].asset_materialization if recs and recs[0].asset_materialization else None
+
+
+def stage_staleness(instance, stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
+                    producers: dict[str, Stage]) -> str | None:
+    """Why ``stage``'s ``partition`` is out of date (module docstring), or None when current."""
+    mat = _latest(instance, stage.asset, partition.key)
+    if mat is None:
+        return "never materialized"
+    tags = mat.tags or {}
+    if tags.get("dagster/code_version") != stage.code_version:
+        return f"code version {tags.get('dagster/code_version')} → {stage.code_version}"
+    if tags.get(SETTINGS_TAG) != settings_fingerprint(stage, manifest, partition):
+        return "settings changed"
+    if tags.get(GATES_TAG) != "passed":
+        return "a gate failed on the last materialization"
+    sources = [s.name for s in manifest.sources]
+    if tags.get(INPUTS_TAG) != inputs_fingerprint(instance, stage, partition.key, sources, producers):
+        return "upstream data changed"
+    enabled = stage.enabled is None or getattr(manifest.settings, stage.enabled)
+    if enabled:
+        for d in stage.outputs:
+            if not InputRef(root, d, partition).exists():
+                return f"output {d.name} is missing from the data root"
+    if stage.reads_source_pin and partition.source:
+        source = manifest.source(partition.source)
+        if source.kind == "local":
+            from megacpp_core.acquire_local import acquire_local
+
+            recorded = getattr(mat.metadata.get("revision"), "value", None)
+            if acquire_local(source).revision != recorded:
+                return "the local directory's content changed"
+    return None
+
+
+def plan(instance, stages: tuple[Stage, ...], root: DataRoot, manifest: Manifest, partition: Partition,
+         extra: dict[str, tuple[str, list[str], Callable[[], bool]]] | None = None) -> list[Staleness]:
+    """The assets of ``stages`` with ``partition``'s partitioning to materialize for it: the
+    out-of-date ones and everything downstream of them (registry order). ``extra``: assets
+    outside the registry, ``{asset: (code_version, upstream assets, exists())}`` (the
+    dataset card)."""
+    producers = stage_registry.producers(stages)
+    mine = [s for s in stages if s.partitioning is partition.partitioning]
+    out: list[Staleness] = []
+    chosen: set[str] = set()
+    for s in mine:
+        ups = {producers[d.name].asset for d in s.inputs if producers[d.name].partitioning is s.partitioning}
+        hit = sorted(ups & chosen)
+        reason = f"downstream of {', '.join(hit)}" if hit else stage_staleness(instance, s, root, manifest, partition, producers)
+        if reason:
+            chosen.add(s.asset)
+            out.append(Staleness(s.asset, partition.key, reason))
+    for asset, (code_version, ups, exists) in (extra or {}).items():
+        hit = sorted(set(ups) & chosen)
+        reason = None
+        if hit:
+            reason = f"downstream of {', '.join(hit)}"
+        else:
+            mat = _latest(instance, asset, partition.key)
+            if mat is None:
+                reason = "never materialized"
+            elif (mat.tags or {}).get("dagster/code_version") != code_version:
+                reason = f"code version {(mat.tags or {}).get('dagster/code_version')} → {code_version}"
+            elif not exists():
+                reason = "output missing from the data root"
+        if reason:
+            chosen.add(asset)
+            out.append(Staleness(asset, partition.key, reason))
+    return out
+

@@ -1,0 +1,74 @@
+"""The data catalog: every dataset a stage writes and a later stage may read.
+
+Each :class:`~megacpp_core.stage.Dataset` names its key template under
+``snapshots/SNAPSHOT/`` and, for tables, the pandera schema (:mod:`megacpp_checks.schemas`)
+its rows must satisfy — the generated ``<name>_schema`` blocking check. Stage modules
+declare their inputs and outputs from this catalog; a stage reads only what it declared
+(the runner refuses anything else), so the catalog plus the stage declarations are the
+whole lineage of the asset graph. Later stages never read an earlier stage's figures.
+"""
+
+from __future__ import annotations
+
+from megacpp_checks.schemas import acquire as s_acquire
+from megacpp_checks.schemas import chunk_dedup as s_chunk_dedup
+from megacpp_checks.schemas import dedup as s_dedup
+from megacpp_checks.schemas import documents as s_documents
+from megacpp_checks.schemas import license as s_license
+from megacpp_checks.schemas import minhash as s_minhash
+from megacpp_checks.schemas import quality as s_quality
+from megacpp_checks.schemas import scrub as s_scrub
+from megacpp_checks.schemas import semantic as s_semantic
+
+from .stage import Dataset, Kind, Partitioning
+
+REV = Partitioning.REVISION
+SNAP = Partitioning.SNAPSHOT
+
+# ---------------------------------------------------------------- per revision (stages 0-3, lane)
+SOURCE_FILES = Dataset("source_files", REV, "revisions/{source}/source_files.parquet", schema=s_acquire.validate_source_files,
+                       description="one row per file of the revision: provenance, path, size, sha256, language, raw bytes")
+QUALITY_KEPT = Dataset("quality_kept", REV, "revisions/{source}/quality_kept.parquet", schema=s_quality.validate_kept,
+                       description="one row per file kept by the quality filters, with its decoded text")
+EXCLUSIONS = Dataset("exclusions", REV, "revisions/{source}/exclusions.parquet", schema=s_quality.validate_exclusions,
+                     description="one row per rejected file: the filter, the measured value and the threshold")
+LICENSE = Dataset("license", REV, "revisions/{source}/license.parquet", schema=s_license.validate_license,
+                  description="one row per kept file: SPDX expression, class, decision, reason, origin")
+SCRUBBED = Dataset("scrubbed", REV, "revisions/{source}/scrubbed.parquet", schema=s_scrub.validate_scrubbed,
+                   description="one row per license-accepted file with its scrubbed text and license provenance")
+MINHASH = Dataset("minhash", REV, "revisions/{source}/minhash.parquet", schema=s_minhash.validate_signatures,
+                  description="one MinHash signature (num_perm uint32) per scrubbed file")
+COMPILE_COMMANDS = Dataset("compile_commands", REV, "revisions/{source}/compile_commands.json", kind=Kind.TEXT,
+                           description="the revision's compile command database (shipped or synthesized) with its inputs' sha256")
+SEMANTIC_EDGES = Dataset("semantic_edges", REV, "revisions/{source}/semantic_edges.parquet", schema=s_semantic.validate_edges,
+                         description="libclang USR-resolved call/type/include edges, with the file unit of each end")
+BUILD_INFO = Dataset("build_info", REV, "revisions/{source}/build_info.parquet", schema=s_semantic.validate_build_info,
+                     description="one row per translation unit: arguments, status, diagnostics, seconds, RSS")
+
+# ---------------------------------------------------------------- per snapshot (stages 4-10)
+LSH_PAIRS = {(lo, hi): Dataset(f"lsh_pairs_{lo:02d}_{hi:02d}", SNAP, f"dedup/lsh_bands_{lo:02d}_{hi:02d}.parquet",
+                               schema=s_minhash.validate_pairs,
+                               description=f"cross-source LSH candidate pairs of bands {lo}-{hi - 1}")
+             for lo, hi in ((0, 7), (7, 14))}
+DECISIONS = Dataset("decisions", SNAP, "dedup/decisions.parquet", schema=s_dedup.validate_decisions_table,
+                    description="one keep/drop decision per file entering dedup; a drop names its kept twin")
+DUPLICATE_CLUSTERS = Dataset("duplicate_clusters", SNAP, "dedup/duplicate_clusters.parquet", schema=s_dedup.validate_clusters,
+                             description="one row per member of a duplicate cluster, with the kept member")
+KEPT = Dataset("kept", SNAP, "dedup/kept.parquet", schema=s_scrub.validate_scrubbed,
+               description="the deduplicated files in keep order (license rank, source order, path)")
+TOKENIZER = Dataset("tokenizer", SNAP, "tokenizer/tokenizer.json", kind=Kind.TEXT,
+                    description="the HuggingFace tokenizers file of the snapshot tokenizer")
+TOKENIZER_MANIFEST = Dataset("tokenizer_manifest", SNAP, "tokenizer/tokenizer_manifest.json", kind=Kind.JSON,
+                             description="the tokenizer's sha256, vocabulary size and band layout")
+CHUNKS = Dataset("chunks", SNAP, "documents/chunks.parquet", schema=s_documents.validate_documents,
+                 description="documents within exact token budgets, with character-level enrichment")
+DEDUPED = Dataset("deduped", SNAP, "documents/deduped.parquet", schema=s_documents.validate_documents,
+                  description="the documents left after chunk-level dedup, in keep order")
+CHUNK_DROPS = Dataset("chunk_drops", SNAP, "documents/chunk_drops.parquet", schema=s_chunk_dedup.validate_drops,
+                      description="one row per dropped whitelisted chunk with its kept twin")
+TOKENIZED = Dataset("tokenized", SNAP, "tokenized/documents.parquet", schema=s_documents.validate_tokenized_documents,
+                    description="BOS + uint32 ids per document with token-aligned enrichment")
+PACKED = Dataset("packed", SNAP, "packed", kind=Kind.SHARDS,
+                 description="packed-row parquet shards (train-*, validation-*) and the _SUCCESS sentinel (SPEC §6)")
+MEGATRON = Dataset("megatron", SNAP, "megatron", kind=Kind.FILES,
+                   description="Megatron .bin/.idx, the sidecar, the documents parquet and the tokenizer (SPEC §7)")

@@ -1,0 +1,381 @@
+"""Run one declared stage on one partition, without Dagster (the asset factory calls this).
+
+:func:`run_stage` resolves the stage's declared inputs under the data root, calls its
+compute, commits its outputs through :class:`~megacpp_core.storage.DataRoot` (every file
+atomically, a sentinel last), persists its figures for the dataset card and evaluates its
+gates on the committed outputs. It returns a :class:`StageResult`: the written files with
+their sha256, the figures, the gate verdicts, the partition's **data version** (a sha256
+over the output files' sha256s: identical outputs give the identical version, so nothing
+downstream goes out of date) and the fingerprint of the stage's settings slice.
+
+Before computing, the partition's previous outputs are removed (a sentinel first), so a
+failed or killed run never leaves an older output that a downstream stage could mistake
+for the current one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import time
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from . import layout
+from .manifest import Manifest, Source
+from .stage import Dataset, Files, Kind, Partition, Partitioning, Result, SettingsView, Shards, Stage, StageError, Verdict
+from .storage import DataRoot, Written
+
+log = logging.getLogger("megacpp.pipeline")
+
+SUCCESS = "_SUCCESS"
+
+
+@dataclass
+class StageResult:
+    """What one stage run produced (see the module docstring)."""
+
+    stage: str
+    partition: Partition
+    outputs: dict[str, list[Written]]
+    figures: dict[str, Any]
+    checks: dict[str, Verdict] = field(default_factory=dict)
+    data_version: str = ""
+    settings_fingerprint: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when every gate passed."""
+        return all(v[0] for v in self.checks.values())
+
+
+class InputRef:
+    """A declared input of a running stage: one dataset at one partition.
+
+    Tables: :meth:`read` (selected columns), :meth:`parquet_file` (row groups, record
+    batches), :meth:`metadata` (``megacpp.*`` lineage keys); files: :meth:`read_text`,
+    :meth:`read_json`, :meth:`read_bytes`; directories: :meth:`files`, :meth:`sentinel`,
+    :meth:`local` (local paths, downloaded from an object store when needed). Every read
+    of a missing key raises :class:`~megacpp_core.storage.MissingOutputError` naming it.
+    """
+
+    def __init__(self, root: DataRoot, dataset: Dataset, partition: Partition):
+        self._root = root
+        self.dataset = dataset
+        self.partition = partition
+        self.key = dataset.key(partition)
+        self.source = partition.source
+
+    def __repr__(self) -> str:
+        return f"InputRef({self.dataset.name} @ {self.partition.key})"
+
+    @property
+    def uri(self) -> str:
+        return self._root.uri(self.key)
+
+    def exists(self) -> bool:
+        if self.dataset.kind is Kind.SHARDS:
+            return self._root.exists(f"{self.key}/{SUCCESS}")
+        if self.dataset.kind is Kind.FILES:
+            return bool(self._root.list(self.key))
+        return self._root.exists(self.key)
+
+    def read(self, columns: list[str] | None = None) -> pa.Table:
+        return self._root.read_table(self.key, columns=columns)
+
+    def parquet_file(self):
+        return self._root.parquet_file(self.key)
+
+    def schema(self) -> pa.Schema:
+        return self._root.read_schema(self.key)
+
+    def metadata(self) -> dict[str, str]:
+        """The ``megacpp.*`` key-value metadata of a parquet input (prefix stripped)."""
+        md = self.schema().metadata or {}
+        return {k.decode()[len("megacpp."):]: v.decode() for k, v in md.items() if k.startswith(b"megacpp.")}
+
+    def read_bytes(self) -> bytes:
+        return self._root.read_bytes(self.key)
+
+    def read_text(self) -> str:
+        return self._root.read_text(self.key)
+
+    def read_json(self) -> Any:
+        return self._root.read_json(self.key)
+
+    def files(self) -> list[str]:
+        """Names (relative to the dataset's directory) of the files of a directory dataset."""
+        return [k[len(self.key) + 1:] for k in self._root.list(self.key)]
+
+    def sentinel(self) -> dict:
+        """The ``_SUCCESS`` sentinel of a sharded dataset; readers refuse a directory without
+        it (:class:`megacpp_core.pack.IncompleteShardsError`)."""
+        from .pack import IncompleteShardsError
+
+        if not self._root.exists(f"{self.key}/{SUCCESS}"):
+            raise IncompleteShardsError(f"{self.uri}: no {SUCCESS} sentinel; the shards are incomplete and must not be read")
+        return self._root.read_json(f"{self.key}/{SUCCESS}")
+
+    def read_member(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        """One parquet file of a directory dataset."""
+        return self._root.read_table(f"{self.key}/{name}", columns=columns)
+
+    @contextlib.contextmanager
+    def local(self, names: list[str] | None = None) -> Iterator[Path]:
+        """A local path of the dataset (the file, or a directory holding ``names`` of a
+        directory dataset; every member when ``names`` is None)."""
+        if self.dataset.kind in (Kind.FILES, Kind.SHARDS):
+            members = [f"{self.key}/{n}" for n in (names if names is not None else self.files())]
+            with self._root.local_copy(members) as got:
+                first = next(iter(got.values()), None)
+                yield first.parent if first is not None else self._root.local_path(self.key) if self._root.is_local else Path(".")
+        else:
+            with self._root.local_copy([self.key]) as got:
+                yield got[self.key]
+
+
+def _settings_object(manifest: Manifest) -> Any:
+    """The settings a stage may declare: every :class:`~megacpp_core.manifest.Settings`
+    field plus ``tokenizer`` (the manifest's pinned tokenizer, or None)."""
+    return types.SimpleNamespace(**dataclasses.asdict(manifest.settings), tokenizer=manifest.tokenizer)
+
+
+class StageContext:
+    """What a compute sees: its partition, its settings slice, its declared inputs, tools,
+    a local cache and scratch space, and a progress logger. Anything undeclared raises."""
+
+    def __init__(self, stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
+                 tools: dict[str, Any] | None = None, log_fn: Callable[[str], None] | None = None):
+        self.stage = stage
+        self._root = root
+        self._manifest = manifest
+        self.partition = partition
+        self.snapshot = manifest.name
+        self.settings = SettingsView(_settings_object(manifest), stage.settings, stage.name)
+        self.sources: tuple[Source, ...] = manifest.sources
+        self.source: Source | None = manifest.source(partition.source) if partition.source else None
+        self._tools = dict(tools or {})
+        self._log = log_fn or log.info
+        self._inputs = {d.name: d for d in stage.inputs}
+        self._cleanup = contextlib.ExitStack()
+
+    def _declared(self, name: str) -> Dataset:
+        try:
+            return self._inputs[name]
+        except KeyError:
+            raise StageError(f"stage {self.stage.name} reads {name!r}, which it did not declare as an input "
+                             f"(declared: {sorted(self._inputs)})") from None
+
+    def input(self, name: str) -> InputRef:
+        """The declared input ``name`` at this partition (a snapshot dataset at the
+        snapshot when this stage is per revision)."""
+        d = self._declared(name)
+        if d.scope is Partitioning.SNAPSHOT:
+            return InputRef(self._root, d, Partition(self.partition.snapshot))
+        if self.partition.source is None:
+            raise StageError(f"stage {self.stage.name}: {name} is per {d.scope.value}; use ctx.inputs({name!r})")
+        return InputRef(self._root, d, Partition(self.partition.snapshot, self.partition.source))
+
+    def inputs(self, name: str) -> list[InputRef]:
+        """A per-revision input read by a snapshot stage: one :class:`InputRef` per source,
+        in manifest order."""
+        d = self._declared(name)
+        if d.scope is Partitioning.SNAPSHOT:
+            return [self.input(name)]
+        return [InputRef(self._root, d, Partition(self.partition.snapshot, s.name)) for s in self.sources]
+
+    def tool(self, name: str) -> Any:
+        """A declared tool (a ScanCode scanner, …): the one the orchestrator handed in, else
+        the stage's default."""
+        if name not in self.stage.tools:
+            raise StageError(f"stage {self.stage.name} did not declare tool {name!r}")
+        if name not in self._tools:
+            self._tools[name] = self.stage.tools[name]()
+        return self._tools[name]
+
+    @property
+    def cache_dir(self) -> Path:
+        """The local content cache of fetched sources (stays on the machine or pod)."""
+        return self._root.cache_dir
+
+    def scratch(self, prefix: str = "megacpp-"):
+        """A local temporary directory (context manager), removed when the block ends."""
+        return self._root.scratch(prefix)
+
+    def workdir(self, prefix: str = "megacpp-") -> Path:
+        """A local temporary directory that lives until the stage's outputs are committed:
+        for :class:`~megacpp_core.stage.Files` outputs built on local disk."""
+        return self._cleanup.enter_context(self._root.scratch(prefix))
+
+    def log(self, message: str) -> None:
+        """A progress line for the run log."""
+        self._log(message)
+
+    def output_key(self, name: str) -> str:
+        """The data-root key of a declared output at this partition."""
+        d = next(o for o in self.stage.outputs if o.name == name)
+        return d.key(self.partition)
+
+
+class GateContext:
+    """What a gate sees: the compute's :class:`~megacpp_core.stage.Result` values, the
+    committed files (:meth:`read` re-reads them from the data root), the figures, the
+    settings slice and the stage's inputs."""
+
+    def __init__(self, ctx: StageContext, result: Result, written: dict[str, list[Written]]):
+        self.ctx = ctx
+        self.settings = ctx.settings
+        self.figures = result.figures
+        self._values = result.outputs
+        self.written = written
+        self._root = ctx._root
+
+    def value(self, name: str) -> Any:
+        """The value the compute returned for output ``name`` (a table, text, …)."""
+        return self._values[name]
+
+    def read(self, name: str, columns: list[str] | None = None) -> pa.Table:
+        """Output table ``name`` as committed (re-read from the data root)."""
+        return self._root.read_table(self.ctx.output_key(name), columns=columns)
+
+    def output(self, name: str) -> InputRef:
+        """A committed output as an :class:`InputRef` (directories, sentinels, local copies)."""
+        d = next(o for o in self.ctx.stage.outputs if o.name == name)
+        return InputRef(self._root, d, self.ctx.partition)
+
+    def input(self, name: str) -> InputRef:
+        return self.ctx.input(name)
+
+    def inputs(self, name: str) -> list[InputRef]:
+        return self.ctx.inputs(name)
+
+
+def _clear(root: DataRoot, d: Dataset, key: str) -> None:
+    if d.kind is Kind.SHARDS:
+        root.delete(f"{key}/{SUCCESS}")  # readers first lose the sentinel, then the files
+        root.delete_prefix(key)
+    elif d.kind is Kind.FILES:
+        root.delete_prefix(key)
+    else:
+        root.delete(key)
+
+
+def _commit(root: DataRoot, d: Dataset, key: str, value: Any) -> list[Written]:
+    if d.kind is Kind.PARQUET:
+        if not isinstance(value, pa.Table):
+            raise StageError(f"output {d.name}: expected a pyarrow.Table, got {type(value).__name__}")
+        return [root.write_table(key, value)]
+    if d.kind is Kind.JSON:
+        return [root.write_json(key, value)]
+    if d.kind is Kind.TEXT:
+        if isinstance(value, bytes):
+            return [root.write_bytes(key, value)]
+        return [root.write_text(key, value)]
+    if d.kind is Kind.SHARDS:
+        if not isinstance(value, Shards):
+            raise StageError(f"output {d.name}: expected Shards, got {type(value).__name__}")
+        written, files = [], []
+        for name, table, info in value.files:
+            w = root.write_table(f"{key}/{name}", table, row_group_size=value.row_group_size)
+            written.append(w)
+            files.append({**info, "file": name, "sha256": w.sha256})
+        sentinel = {**value.sentinel, "files": files}
+        written.append(root.write_json(f"{key}/{SUCCESS}", sentinel))
+        return written
+    if d.kind is Kind.FILES:
+        if not isinstance(value, Files):
+            raise StageError(f"output {d.name}: expected Files, got {type(value).__name__}")
+        order = [n for n in sorted(value.files) if n not in value.order] + list(value.order)
+        return [root.put_file(value.files[n], f"{key}/{n}", move=True) for n in order]
+    raise StageError(f"output {d.name}: unknown kind {d.kind}")
+
+
+def data_version(written: dict[str, list[Written]]) -> str:
+    """Hex sha256 over ``key:sha256`` of every committed file, keys sorted (relative to the
+    snapshot, so the same outputs under another data root give the same version)."""
+    lines = sorted(f"{w.key.split('/', 2)[-1]}:{w.sha256}" for ws in written.values() for w in ws)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def settings_fingerprint(stage: Stage, manifest: Manifest, partition: Partition) -> str:
+    """The fingerprint of ``stage``'s settings slice (plus the source pin for a stage that
+    reads it), as recorded with its materializations."""
+    extra = {}
+    if stage.reads_source_pin and partition.source:
+        extra["source_pin"] = manifest.source(partition.source).settings_key()
+    return stage.settings_fingerprint(_settings_object(manifest), extra)
+
+
+def run_stage(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
+              tools: dict[str, Any] | None = None, log_fn: Callable[[str], None] | None = None) -> StageResult:
+    """Run ``stage`` on ``partition`` (see the module docstring).
+
+    Raises :class:`~megacpp_core.stage.StageError` when the compute fails closed, returns
+    an undeclared output or figure, or misses a declared output; whatever the compute
+    raises otherwise (a fetch error, a hostile archive) propagates with nothing committed
+    for the partition.
+    """
+    t0 = time.perf_counter()
+    if partition.partitioning is not stage.partitioning:
+        raise StageError(f"stage {stage.name} is per {stage.partitioning.value}; got partition {partition.key!r}")
+    ctx = StageContext(stage, root, manifest, partition, tools, log_fn)
+    with ctx._cleanup:
+        return _run(stage, root, manifest, partition, ctx, t0)
+
+
+def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition, ctx: StageContext,
+         t0: float) -> StageResult:
+    for d in stage.outputs:
+        _clear(root, d, d.key(partition))
+    written: dict[str, list[Written]] = {}
+    if stage.enabled is not None and not getattr(ctx.settings, stage.enabled):
+        result = Result({}, {"enabled": False})
+        checks = {c: (True, f"stage {stage.name} is off for this snapshot (settings.{stage.enabled}: false)")
+                  for c in stage.check_names}
+    else:
+        result = stage.compute(ctx)
+        got, want = set(result.outputs), {d.name for d in stage.outputs}
+        if got != want:
+            raise StageError(f"stage {stage.name} returned outputs {sorted(got)}, declared {sorted(want)}")
+        undeclared = sorted(set(result.figures) - set(stage.figures))
+        if undeclared:
+            raise StageError(f"stage {stage.name} reported undeclared figures {undeclared}")
+        for d in stage.outputs:
+            written[d.name] = _commit(root, d, d.key(partition), result.outputs[d.name])
+        checks = {}
+        gctx = GateContext(ctx, result, written)
+        for gate in stage.gates:
+            try:
+                checks[gate.__name__] = tuple(gate(gctx))
+            except Exception as e:  # a gate that cannot run has not passed
+                checks[gate.__name__] = (False, f"gate raised {type(e).__name__}: {e}")
+        for d in stage.outputs:
+            if d.schema is not None:
+                checks[d.schema_check] = tuple(d.schema(result.outputs[d.name]))
+    figures = dict(result.figures)
+    figures["wall_seconds"] = round(time.perf_counter() - t0, 3)
+    root.write_json(layout.figures_key(partition.snapshot, stage.name, partition.source), figures)
+    res = StageResult(stage.name, partition, written, figures, checks, data_version(written),
+                      settings_fingerprint(stage, manifest, partition))
+    brief = ", ".join(f"{k}={figures[k]}" for k in ("files", "files_out", "documents", "tokens", "rows", "vocab_size")
+                      if isinstance(figures.get(k), int))
+    log.info("%-12s %-28s %7.1fs  %s", stage.name, partition.source or partition.snapshot, figures["wall_seconds"], brief)
+    return res
+
+
+def output_uris(root: DataRoot, res: StageResult) -> dict[str, str]:
+    """``{dataset name: URI}`` of a result's outputs (directories for multi-file outputs)."""
+    out = {}
+    for name, ws in res.outputs.items():
+        if len(ws) == 1:
+            out[name] = root.uri(ws[0].key)
+        elif ws:
+            out[name] = root.uri(ws[0].key.rsplit("/", 1)[0])
+    return out

@@ -1,0 +1,55 @@
+"""MinHash signature tables, shared by the per-revision ``minhash`` stage and the
+snapshot-wide LSH and dedup stages.
+
+A ``minhash`` table has ``doc_key`` (string) and ``signature``: a fixed-size list of
+``num_perm`` uint32 per file (4 bytes per permutation, 512 B per file at 128).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+class SignatureError(ValueError):
+    """A signature table whose rows are not all of one length."""
+
+
+def signatures_table(doc_keys: list[str], sig: np.ndarray) -> pa.Table:
+    """``minhash`` table from ``doc_keys`` and ``sig`` (uint32[n, num_perm])."""
+    flat = pa.array(np.ascontiguousarray(sig, dtype=np.uint32).ravel(), type=pa.uint32())
+    return pa.table({"doc_key": pa.array(doc_keys, pa.string()),
+                     "signature": pa.FixedSizeListArray.from_arrays(flat, sig.shape[1])})
+
+
+def table_signatures(t: pa.Table, where: str = "minhash") -> tuple[list[str], np.ndarray]:
+    """``(doc_keys, uint32[n, num_perm])`` from a ``minhash`` table; raises
+    :class:`SignatureError` naming ``where`` when the rows differ in length."""
+    col = t.column("signature").combine_chunks()  # parquet may hand back a plain list<uint32>
+    flat = np.asarray(col.flatten(), dtype=np.uint32)
+    n = len(col)
+    if n == 0:
+        return [], flat.reshape(0, 0)
+    if flat.size % n or (pc.list_value_length(col).to_numpy() != flat.size // n).any():
+        raise SignatureError(f"{where}: signatures are not all of one length")
+    return t.column("doc_key").to_pylist(), flat.reshape(n, flat.size // n)
+
+
+def read_signatures(path) -> tuple[list[str], np.ndarray]:
+    """:func:`table_signatures` of a local ``minhash.parquet`` file."""
+    import pyarrow.parquet as pq
+
+    return table_signatures(pq.read_table(path), str(path))
+
+
+def snapshot_signatures(refs, width: int) -> tuple[list[str], list[str], np.ndarray]:
+    """Every revision's signatures, in manifest order: ``(doc_keys, source names,
+    uint32[n, width])``. ``refs``: per-source inputs with ``.source`` and ``.read()``."""
+    keys, srcs, sigs = [], [], []
+    for ref in refs:
+        k, sg = table_signatures(ref.read(), ref.uri)
+        keys += k
+        srcs += [ref.source] * len(k)
+        sigs.append(sg if len(sg) else np.zeros((0, width), np.uint32))
+    return keys, srcs, (np.concatenate(sigs) if sigs else np.zeros((0, width), np.uint32))

@@ -1,0 +1,69 @@
+"""The stage registry: every pipeline stage, in the order of the asset graph (SPEC §4).
+
+One module per stage declares its :class:`~megacpp_core.stage.Stage` (``STAGE``, or
+``STAGES`` for a stage split into several steps); adding a stage is one new module plus
+one line here. Stage modules never import each other (an import-linter contract): what
+they share lives in small modules of :mod:`megacpp_core` named for what they do, and
+their data flows only through the datasets of :mod:`megacpp_core.catalog`.
+"""
+
+from __future__ import annotations
+
+from ..stage import Stage, StageError  # noqa: F401  (StageError: what a failed-closed stage raises)
+from . import (acquire, chunk, chunk_dedup, compile_commands, dedup, format, license, lsh_bands, minhash, pack,
+               quality, scrub, semantic_graph, tokenize, tokenizer)
+
+STAGES: tuple[Stage, ...] = (
+    acquire.STAGE,
+    quality.STAGE,
+    license.STAGE,
+    scrub.STAGE,
+    minhash.STAGE,
+    compile_commands.STAGE,
+    semantic_graph.STAGE,
+    *lsh_bands.STAGES,
+    dedup.STAGE,
+    tokenizer.STAGE,
+    chunk.STAGE,
+    chunk_dedup.STAGE,
+    tokenize.STAGE,
+    pack.STAGE,
+    format.STAGE,
+)
+
+
+def by_name(name: str, stages: tuple[Stage, ...] = STAGES) -> Stage:
+    """The stage called ``name`` (stage id or asset name); ``KeyError`` listing the known ones."""
+    for s in stages:
+        if name in (s.name, s.asset):
+            return s
+    raise KeyError(f"no stage {name!r} (known: {', '.join(s.name for s in stages)})")
+
+
+def producers(stages: tuple[Stage, ...] = STAGES) -> dict[str, Stage]:
+    """``{dataset name: the stage that writes it}``; raises ``ValueError`` when two stages
+    write one dataset or a stage reads a dataset no earlier stage writes."""
+    out: dict[str, Stage] = {}
+    for s in stages:
+        for d in s.inputs:
+            if d.name not in out:
+                raise ValueError(f"stage {s.name} reads {d.name}, which no earlier stage writes")
+        for d in s.outputs:
+            if d.name in out:
+                raise ValueError(f"dataset {d.name} is written by {out[d.name].name} and {s.name}")
+            out[d.name] = s
+    return out
+
+
+def run(name: str, root, manifest, source: str | None = None, **kwargs):
+    """Run the stage ``name`` on the revision ``source`` (or the snapshot) of ``manifest``
+    under the data root ``root`` (a :class:`~megacpp_core.storage.DataRoot`, path or URL):
+    the same code the Dagster asset runs, for tools and tests."""
+    from ..runner import run_stage
+    from ..stage import Partition
+    from ..storage import DataRoot
+
+    if not isinstance(root, DataRoot):
+        root = DataRoot(root)
+    src = source.name if hasattr(source, "name") else source
+    return run_stage(by_name(name), root, manifest, Partition(manifest.name, src), **kwargs)

@@ -1,0 +1,186 @@
+"""Stage 6 — chunk and enrich (SPEC §4 "Chunking", "Enrichment").
+
+Per snapshot. Inputs: ``kept`` files, the snapshot ``tokenizer`` (exact budgets) and, when
+the libclang lane is on, every revision's ``semantic_edges`` and ``build_info``. Output:
+``chunks`` — documents split at declaration boundaries under ``row_length - 1`` tokens (one
+slot is the BOS), each with its bucket and, unless ``settings.enrichment`` is off, the
+character-level enrichment: structure and AST planes, chunk list, call/type edges,
+platform labels. Files whose tree has ERROR nodes are cut by the brace-balanced splitter
+(``brace_fallback_rate``). For the files the lane parsed without a fatal error, its
+intra-file edges replace tree-sitter's. The splitter is :mod:`megacpp_core.chunk`, the
+enrichment :mod:`megacpp_core.enrich`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from .. import catalog, chunk, snapshot_tokenizer
+from .. import tokenizer as tk
+from ..pack import CHUNK_TYPE, EDGE_TYPE, PLATFORM_TYPE
+from ..stage import Partitioning, Result, Stage, StageError
+from ..tables import value_counts
+
+DOCUMENTS_SCHEMA = pa.schema([
+    ("doc_key", pa.string()), ("file_key", pa.string()), ("source", pa.string()), ("path", pa.string()),
+    ("revision", pa.string()), ("language", pa.string()), ("license_class", pa.string()),
+    ("chunk_index", pa.int32()), ("n_chunks", pa.int32()), ("start", pa.int64()), ("end", pa.int64()),
+    ("kind", pa.string()), ("name", pa.string()), ("n_text_tokens", pa.int32()), ("bucket", pa.int32()),
+    ("text", pa.large_string()),
+])
+#: Enrichment columns (character level; the tokenize stage aligns them to tokens). The
+#: ``char_*`` planes hold one uint8 per ``str`` character of ``text`` as bytes;
+#: ``char_chunk_boundaries`` are character offsets relative to the document.
+ENRICHED_COLUMNS = pa.schema([
+    ("char_chunk_boundaries", pa.list_(CHUNK_TYPE)),
+    ("call_edges", pa.list_(EDGE_TYPE)),
+    ("type_edges", pa.list_(EDGE_TYPE)),
+    ("platform_ids", PLATFORM_TYPE),
+    ("char_structure", pa.large_binary()),
+    ("char_ast_depth", pa.large_binary()),
+    ("char_sibling_index", pa.large_binary()),
+    ("char_ast_node_type", pa.large_binary()),
+])
+#: Parquet key-value metadata naming the tokenizer the exact budgets were counted with.
+TOKENIZER_KEY = b"megacpp.tokenizer_sha256"
+
+
+def semantic_unit_edges(ctx) -> tuple[dict[str, dict[str, set]], dict]:
+    """The libclang lane's intra-file edges: ``{doc_key of a covered file: {"call": {(unit,
+    unit)}, "type": {...}}}`` and figures. A file is covered when it is a translation unit
+    libclang parsed without a fatal error (status ``ok`` or ``errors``); its tree-sitter
+    edges are replaced by these. Raises :class:`StageError` naming the source when the lane
+    is on but a revision has no lane output."""
+    out: dict[str, dict[str, set]] = {}
+    for edges_ref, info_ref in zip(ctx.inputs("semantic_edges"), ctx.inputs("build_info")):
+        if not edges_ref.exists():
+            raise StageError(f"chunk: the libclang lane is on but {edges_ref.source} has no semantic_edges "
+                             "(materialize semantic_graph for this revision first)")
+        bi = info_ref.read(columns=["file", "status"]).to_pydict()
+        covered = {f for f, st in zip(bi["file"], bi["status"]) if st in ("ok", "errors")}
+        e = edges_ref.read().to_pydict()
+        for kind, ff, tf, a, b in zip(e["kind"], e["from_file"], e["to_file"], e["from_chunk"], e["to_chunk"]):
+            if kind in ("call", "type") and ff == tf and ff in covered and a is not None and b is not None and a != b:
+                out.setdefault(f"{edges_ref.source}/{ff}", {"call": set(), "type": set()})[kind].add((a, b))
+        for f in covered:
+            out.setdefault(f"{edges_ref.source}/{f}", {"call": set(), "type": set()})
+    return out, {"semantic_graph": True, "semantic_covered_files": len(out)}
+
+
+def compute(ctx) -> Result:
+    from .. import ast_types, enrich, platforms
+
+    tok, info = snapshot_tokenizer.load(ctx)
+    s = ctx.settings
+    budget = s.row_length - 1
+    enriching = s.enrichment
+    kept = ctx.input("kept").read()
+    d = kept.to_pydict()
+    schema = DOCUMENTS_SCHEMA
+    if enriching:
+        for f in ENRICHED_COLUMNS:
+            schema = schema.append(f)
+    cols = {f.name: [] for f in schema}
+    parse_errors = fallback = brace_files = split_files = 0
+    enrich_seconds = 0.0
+    if enriching and s.semantic_graph:
+        lane_edges, lane_figs = semantic_unit_edges(ctx)
+    else:
+        lane_edges, lane_figs = {}, {"semantic_graph": False}
+    lane_docs = 0
+    # every whole file is counted first in one parallel batch; most files fit whole
+    tk._require_literal_specials(tok)
+    whole_counts: list[int] = []
+    for b in range(0, len(d["text"]), 4096):  # batches: keep the lengths, not the encodings
+        whole_counts.extend(len(e.ids) for e in tok.encode_batch(d["text"][b:b + 4096], add_special_tokens=False))
+    current: list = [None, 0]
+
+    def counter(text: str) -> int:
+        if text is current[0]:
+            return current[1]
+        return tk.count_tokens(tok, text)
+
+    for i in range(kept.num_rows):
+        text = d["text"][i]
+        current[:] = [text, whole_counts[i]]
+        parsed = chunk.parse_source(text, d["language"][i]) if text else None
+        chunks, stats = chunk.split_document_with_stats(text, d["language"][i], counter, budget, d["doc_key"][i], parsed)
+        parse_errors += bool(stats.get("parse_errors"))
+        brace_files += bool(stats.get("brace_fallback"))
+        fallback += int(stats.get("fallback_splits", 0))
+        split_files += len(chunks) > 1
+        if enriching and chunks:
+            te = time.perf_counter()
+            fe = enrich.enrich_file(text, d["language"][i], parsed)
+            enrich_seconds += time.perf_counter() - te
+        for j, c in enumerate(chunks):
+            doc_text = text[c.start:c.end]
+            for name, value in (("doc_key", f"{d['doc_key'][i]}#{j}"), ("file_key", d["doc_key"][i]),
+                                ("source", d["source"][i]), ("path", d["path"][i]), ("revision", d["archive_sha256"][i]),
+                                ("language", d["language"][i]), ("license_class", d["license_class"][i]),
+                                ("chunk_index", j), ("n_chunks", len(chunks)), ("start", c.start), ("end", c.end),
+                                ("kind", c.kind), ("name", c.name), ("n_text_tokens", c.n_tokens),
+                                ("bucket", chunk.bucket_for(c.n_tokens + 1)), ("text", doc_text)):
+                cols[name].append(value)
+            if enriching:
+                te = time.perf_counter()
+                override = lane_edges.get(d["doc_key"][i])
+                de = enrich.document_enrichment(fe, c.start, c.end, override)
+                lane_docs += override is not None
+                cols["char_chunk_boundaries"].append(de.chunks)
+                cols["call_edges"].append(de.call_edges)
+                cols["type_edges"].append(de.type_edges)
+                cols["platform_ids"].append(platforms.scan_platforms(doc_text))
+                for name, plane in de.planes.items():
+                    cols[f"char_{name}"].append(plane)
+                enrich_seconds += time.perf_counter() - te
+    table = pa.table(cols, schema=schema).replace_schema_metadata({TOKENIZER_KEY: info["sha256"].encode()})
+    n_tokens = np.asarray(cols["n_text_tokens"], dtype=np.int64)
+    buckets = np.asarray(cols["bucket"], dtype=np.int64)
+    over_bucket = int(np.sum(n_tokens + 1 > buckets))
+    figures = {"files": kept.num_rows, "documents": table.num_rows, "files_split": split_files, "budget_tokens": budget,
+               "max_document_tokens": int(n_tokens.max(initial=0)), "parse_error_files": parse_errors,
+               "brace_fallback_files": brace_files,
+               "brace_fallback_rate": round(brace_files / max(1, kept.num_rows), 4),
+               "fallback_splits": fallback, "kinds": value_counts(table.column("kind")),
+               "buckets": {str(k): int(v) for k, v in zip(*np.unique(buckets, return_counts=True))},
+               "documents_over_bucket": over_bucket, "tokenizer_sha256": info["sha256"],
+               "enrichment": enriching}
+    if enriching:
+        figures.update({
+            "enrichment_version": enrich.ENRICHMENT_VERSION, "enrich_seconds": round(enrich_seconds, 3),
+            "ast_node_type_map": ast_types.NODE_TYPE_MAP_VERSION, "ast_node_type_map_sha256": ast_types.map_sha256(),
+            "platform_vocabulary": platforms.VOCAB_VERSION, "platform_vocabulary_sha256": platforms.load_vocabulary().sha256,
+            "chunks": int(sum(len(x) for x in cols["char_chunk_boundaries"])),
+            "call_edges": int(sum(len(x) for x in cols["call_edges"])),
+            "type_edges": int(sum(len(x) for x in cols["type_edges"])),
+            "platform_labels": platforms.figures(cols["platform_ids"]),
+            **lane_figs, "documents_with_semantic_edges": lane_docs,
+        })
+    return Result({"chunks": table}, figures)
+
+
+def budgets_hold(g):
+    """Every document fits ``row_length - 1`` tokens and its bucket with its BOS."""
+    f = g.figures
+    return (f["max_document_tokens"] <= f["budget_tokens"] and f["documents_over_bucket"] == 0,
+            f"max {f['max_document_tokens']} ≤ {f['budget_tokens']}; {f['documents_over_bucket']} documents over their bucket")
+
+
+STAGE = Stage(
+    name="chunk", asset="chunked_documents", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
+    description="Stage 6: tree-sitter split at declaration boundaries under an exact token budget (brace-balanced "
+                "fallback for files with ERROR nodes), buckets, and enrichment: structure/AST planes, chunk graph, "
+                "platform labels; the libclang lane's edges replace tree-sitter's for the files it covers.",
+    inputs=(catalog.KEPT, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST, catalog.SEMANTIC_EDGES, catalog.BUILD_INFO),
+    outputs=(catalog.CHUNKS,), settings=("row_length", "enrichment", "semantic_graph"), gates=(budgets_hold,),
+    figures=("files", "documents", "files_split", "budget_tokens", "max_document_tokens", "parse_error_files",
+             "brace_fallback_files", "brace_fallback_rate", "fallback_splits", "kinds", "buckets", "documents_over_bucket",
+             "tokenizer_sha256", "enrichment", "enrichment_version", "enrich_seconds", "ast_node_type_map",
+             "ast_node_type_map_sha256", "platform_vocabulary", "platform_vocabulary_sha256", "chunks", "call_edges",
+             "type_edges", "platform_labels", "semantic_graph", "semantic_covered_files",
+             "documents_with_semantic_edges"),
+)

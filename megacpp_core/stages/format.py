@@ -1,0 +1,101 @@
+"""Stage 10 — the Megatron ``.bin/.idx`` export and its verify gate (SPEC §7).
+
+Per snapshot. Inputs: ``tokenized`` documents (document-level export), ``packed`` rows
+(row-level export; its ``_SUCCESS`` must name the snapshot tokenizer) and the snapshot
+``tokenizer``. Output: ``megatron`` — ``SNAPSHOT_text_document.bin/.idx`` (int32 ids via
+megatron-core's ``IndexedDatasetBuilder``, or the byte-identical raw writer), the
+documents parquet (the text of each sequence), ``tokenizer.json`` and the sidecar
+``SNAPSHOT_text_document.json``, committed last. The files are built and verified in local
+scratch space (fail closed), then committed; the gate verifies the committed copy again.
+
+``settings.megatron_export``: ``"document"`` (default) writes one sequence per document
+exactly as it enters the rows (after FIM, tokenized order); ``"row"`` writes every packed
+row (all L tokens, train then validation) as one sequence, for ``GPTDataset`` with
+``sequence_length = L`` and ``add_extra_token_to_sequence=False``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from megacpp_checks import verify
+
+from .. import catalog, megatron, pack, pack_inputs, snapshot_tokenizer
+from .. import tokenizer as tk
+from ..stage import Files, Partitioning, Result, Stage, StageError
+from ..tables import write_parquet
+
+EXPORT_LEVELS = ("document", "row")
+SETTINGS = ("megatron_export", "row_length", "fim_rate", "fim_spm_share", "fim_seed", "fim_doc_comment_policy")
+
+
+def prefix_name(snapshot: str) -> str:
+    """``SNAPSHOT_text_document`` (Megatron's conventional suffix)."""
+    return f"{snapshot}_text_document"
+
+
+def compute(ctx) -> Result:
+    tok, info = snapshot_tokenizer.load(ctx)
+    level = ctx.settings.megatron_export
+    if level not in EXPORT_LEVELS:
+        raise StageError(f"settings.megatron_export {level!r} not in {EXPORT_LEVELS}")
+    packed = ctx.input("packed")
+    sentinel = packed.sentinel()
+    pack.check_tokenizer(sentinel, info["sha256"], info["vocab_size"], packed.uri)
+    if level == "document":
+        ref = ctx.input("tokenized")
+        columns, _ = pack_inputs.columns_to_read(ref.schema().names)
+        inputs, _, _, raw = pack_inputs.packed_documents(ref.read(columns=columns), ctx.settings, tok, info["sha256"])
+        seqs = [d.ids for d in inputs]
+        keys = [d.doc_key for d in inputs]
+        texts = [t if len(q) == len(raw_ids) else tk.decode(tok, q[1:])
+                 for t, q, raw_ids in zip(raw.column("text").to_pylist(), seqs, raw.column("input_ids").to_pylist())]
+    else:
+        seqs, keys = [], []
+        for f in sentinel["files"]:
+            t = packed.read_member(f["file"], columns=["pack_id", "input_ids"])
+            seqs += [np.asarray(x, dtype=np.uint32) for x in t.column("input_ids").to_pylist()]
+            keys += [f"row-{p}" for p in t.column("pack_id").to_pylist()]
+        texts = [tk.decode(tok, q[1:]) for q in seqs]
+    name = prefix_name(ctx.snapshot)
+    d = ctx.workdir("megatron-")
+    prefix = d / name
+    written = megatron.write_indexed_dataset(prefix, iter(seqs), info["vocab_size"])
+    docs_file = d / f"{name}.documents.parquet"
+    write_parquet(pa.table({"doc_key": keys, "text": pa.array(texts, pa.large_string())}), docs_file)
+    tok_file = d / "tokenizer.json"
+    tok_file.write_bytes(ctx.input("tokenizer").read_bytes())
+    verify.write_sidecar(prefix, vocab_size=info["vocab_size"], tokenizer_path=tok_file, tokenizer_sha256=info["sha256"],
+                         documents_path=docs_file, extra={"export_level": level, "row_length": ctx.settings.row_length})
+    lines: list[str] = []
+    report = verify.verify_megatron(prefix, out=lines.append, tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"])
+    if not report.ok:
+        raise StageError(f"verify gate failed for {name}: {'; '.join(report.failures)}")
+    files = {p.name: p for p in d.iterdir() if p.is_file()}
+    figures = {**written, "prefix": f"megatron/{name}", "export_level": level, "verify_ok": report.ok,
+               "verify_failures": report.failures, "first_tokens": lines[-2:] if lines else [],
+               "tokenizer_sha256": info["sha256"], "vocab_size": info["vocab_size"]}
+    return Result({"megatron": Files(dict(files), order=(f"{name}.bin", f"{name}.idx", f"{name}.json"))}, figures)
+
+
+def verify_gate(g):
+    """SPEC §7 verify gate on the committed ``.bin/.idx`` (copied locally from an object store)."""
+    f = g.figures
+    name = f["prefix"].rsplit("/", 1)[-1]
+    lines: list[str] = []
+    with g.output("megatron").local() as d:
+        report = verify.verify_megatron(d / name, out=lines.append, tokenizer_sha256=f["tokenizer_sha256"],
+                                        vocab_size=f["vocab_size"])
+    return report.ok, "; ".join(report.failures) or "verify passed"
+
+
+STAGE = Stage(
+    name="format", asset="megatron_dataset", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
+    kinds=("megatron",),
+    description="Stage 10: Megatron .bin/.idx (int32 ids) and the verify gate.",
+    inputs=(catalog.TOKENIZED, catalog.PACKED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),
+    outputs=(catalog.MEGATRON,), settings=SETTINGS, gates=(verify_gate,),
+    figures=("sequences", "documents", "tokens", "dtype", "backend", "bin_sha256", "idx_sha256", "prefix", "export_level",
+             "verify_ok", "verify_failures", "first_tokens", "tokenizer_sha256", "vocab_size"),
+)

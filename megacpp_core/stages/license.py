@@ -1,0 +1,91 @@
+"""Stage 2 — license scan and filter (SPEC §4 "License").
+
+Per repo revision. Inputs: ``source_files`` (for license files of the tree) and
+``quality_kept``. Output: ``license`` — one decision per kept file (SPDX expression,
+class, accept / accept_tagged / refuse, reason, origin). The evidence rules and ScanCode
+wrapper are :mod:`megacpp_core.license`; the ScanCode index loads once per process.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from .. import catalog, license
+from ..stage import Partitioning, Result, Stage
+from ..tables import value_counts
+
+SETTINGS = ("license_unknown_decision", "license_weak_copyleft_decision", "license_gpl2_decision",
+            "refused_sources", "license_permissive_ids", "license_refused_ids")
+
+LICENSE_SCHEMA = pa.schema([
+    ("doc_key", pa.string()), ("source", pa.string()), ("path", pa.string()),
+    ("spdx_expression", pa.string()), ("license_class", pa.string()), ("decision", pa.string()),
+    ("reason", pa.string()), ("origin", pa.string()), ("license_file", pa.string()),
+])
+
+_SCANNER: license.Scanner | None = None
+
+
+def shared_scanner() -> license.Scanner:
+    """One ScanCode wrapper per process: its index loads once and its cache is shared."""
+    global _SCANNER
+    if _SCANNER is None:
+        _SCANNER = license.Scanner()
+    return _SCANNER
+
+
+def license_policy(settings) -> license.LicensePolicy:
+    """The license policy from a snapshot's settings (SPEC §4 defaults)."""
+    return license.LicensePolicy(unknown_decision=settings.license_unknown_decision,
+                                 weak_copyleft_decision=settings.license_weak_copyleft_decision,
+                                 gpl2_decision=settings.license_gpl2_decision,
+                                 refused_sources=frozenset(settings.refused_sources),
+                                 extra_permissive=frozenset(settings.license_permissive_ids),
+                                 extra_refused=frozenset(settings.license_refused_ids))
+
+
+def compute(ctx) -> Result:
+    files = ctx.input("source_files").read(columns=["path", "content", "size"])
+    kept = ctx.input("quality_kept").read(columns=["doc_key", "path", "text"])
+    kept_text = dict(zip(kept.column("path").to_pylist(), kept.column("text").to_pylist()))
+    texts: dict[str, str] = {}
+    for p, b, size in zip(files.column("path").to_pylist(), files.column("content").to_pylist(), files.column("size").to_pylist()):
+        if p in kept_text:
+            texts[p] = kept_text[p]
+        elif license.is_license_file(p) and size <= 1_000_000:
+            texts[p] = b.decode("utf-8", errors="replace")
+    scanner = ctx.tool("scancode")
+    rows = license.scan_revision(ctx.source.name, texts, kept_text.keys(), license_policy(ctx.settings), scanner)
+    key_by_path = dict(zip(kept.column("path").to_pylist(), kept.column("doc_key").to_pylist()))
+    cols = {f.name: [] for f in LICENSE_SCHEMA}
+    for r in rows:
+        cols["doc_key"].append(key_by_path[r["path"]])
+        cols["source"].append(ctx.source.name)
+        for k in ("path", "spdx_expression", "license_class", "decision", "reason", "origin", "license_file"):
+            cols[k].append(r.get(k))
+    table = pa.table(cols, schema=LICENSE_SCHEMA)
+    figures = {"files_in": table.num_rows, "files_out": int(sum(1 for d in cols["decision"] if d != "refuse")),
+               "classes": value_counts(table.column("license_class")), "decisions": value_counts(table.column("decision")),
+               "origins": value_counts(table.column("origin")), "expressions": value_counts(table.column("spdx_expression")),
+               "scancode_runs": scanner.scans, "scancode_cache_hits": scanner.cache_hits}
+    return Result({"license": table}, figures)
+
+
+def every_file_decided(g):
+    """One accept / accept_tagged / refuse decision for every kept file."""
+    decided = g.value("license")
+    kept = g.input("quality_kept").parquet_file().metadata.num_rows
+    decisions = decided.column("decision").to_pylist()
+    undecided = sum(1 for d in decisions if d not in ("accept", "accept_tagged", "refuse"))
+    return (undecided == 0 and decided.num_rows == kept,
+            f"{decided.num_rows} decisions for {kept} kept files, {undecided} undecided")
+
+
+STAGE = Stage(
+    name="license", asset="license_files", partitioning=Partitioning.REVISION, compute=compute, code_version="1",
+    description="Stage 2: ScanCode license detection; SPDX expression, class and decision per file.",
+    inputs=(catalog.SOURCE_FILES, catalog.QUALITY_KEPT), outputs=(catalog.LICENSE,), settings=SETTINGS,
+    gates=(every_file_decided,), tools={"scancode": shared_scanner},
+    figures=("files_in", "files_out", "classes", "decisions", "origins", "expressions", "scancode_runs",
+             "scancode_cache_hits"),
+)

@@ -1,0 +1,86 @@
+"""Stage 5 — the hybrid tokenizer (SPEC §4 "Tokenizer").
+
+Per snapshot. Input: ``kept`` (the deduplicated files). Outputs: ``tokenizer``
+(``tokenizer.json``) and ``tokenizer_manifest`` (sha256, vocabulary size, band layout).
+Trains the hybrid byte-level BPE (:mod:`megacpp_core.tokenizer`), or takes the manifest's
+pinned ``tokenizer: {path, sha256}`` (sha256 checked, no training). Fails closed when any
+document does not round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import tokenizers
+
+from .. import catalog
+from .. import tokenizer as tk
+from ..stage import Partitioning, Result, Stage, StageError
+
+
+def compute(ctx) -> Result:
+    kept = ctx.input("kept").read(columns=["doc_key", "text"])
+    texts = kept.column("text").to_pylist()
+    vocab_size = ctx.settings.vocab_size
+    pin = ctx.settings.tokenizer
+    if pin is not None:
+        try:
+            _, lay = tk.pin_tokenizer(pin["path"], pin["sha256"], vocab_size)
+        except (tk.TokenizerMismatchError, FileNotFoundError) as e:
+            raise StageError(f"pinned tokenizer refused: {e}") from e
+        with open(pin["path"], "rb") as f:
+            tok_bytes = f.read()  # bytes as pinned, so the sha256 carries over
+        info = {"tokenizer_file": tk.TOKENIZER_FILE, "tokenizer_sha256": pin["sha256"],
+                "tokenizers_version": tokenizers.__version__, "pinned": {"path": pin["path"], "sha256": pin["sha256"]},
+                "snapshot": ctx.snapshot, "special_tokens": tk.SPECIAL_TOKENS, "encode_special_tokens": True,
+                "training_documents": 0, **lay}
+        fixed_count, learned, reserved, bands = lay["fixed"], lay["learned"], lay["reserved"], lay["bands"]
+    else:
+        build = tk.train_tokenizer(texts, vocab_size=vocab_size)
+        with ctx.scratch("tokenizer-") as d:
+            info = tk.save_tokenizer(build, d, extra={"snapshot": ctx.snapshot})
+            tok_bytes = (d / tk.TOKENIZER_FILE).read_bytes()
+        fixed_count, learned, reserved, bands = build.fixed, build.learned, build.reserved, build.bands
+    tok = tk.tokenizer_from_json(tok_bytes, info["tokenizer_sha256"])
+    failures = tk.check_round_trip(tok, zip(kept.column("doc_key").to_pylist(), texts))
+    if failures:
+        raise StageError(f"tokenizer round trip fails on {len(failures)} documents, first {failures[0]}")
+    fixed = tk.SPECIAL_TOKENS + (tk.fixed_tokens() if fixed_count else [])
+    figures = {"vocab_size": vocab_size, "fixed": fixed_count, "learned": learned, "reserved": reserved,
+               "sha256": info["tokenizer_sha256"], "bands": bands, "training_documents": len(texts),
+               "pinned": pin is not None, "seed_morphemes": len(info.get("seed_morphemes") or {}),
+               "ids_in_vocab": tok.get_vocab_size(with_added_tokens=True),
+               "fixed_at_ids": all(tok.token_to_id(t) == i for i, t in enumerate(fixed)),
+               "round_trip_failures": len(failures)}
+    manifest_text = json.dumps(info, sort_keys=True, indent=2) + "\n"
+    return Result({"tokenizer": tok_bytes, "tokenizer_manifest": json.loads(manifest_text)}, figures)
+
+
+def vocab_size_exact(g):
+    """The tokenizer has exactly ``vocab_size`` ids (unused ones reserved)."""
+    f = g.figures
+    return f["ids_in_vocab"] == f["vocab_size"], f"{f['ids_in_vocab']} ids, reserved fill {f['reserved']}"
+
+
+def fixed_special_ids(g):
+    """Special tokens at ids 0-63 and every fixed-band token at its id."""
+    f = g.figures
+    return bool(f["fixed_at_ids"]), f"special tokens at ids 0-63, {f['fixed']} fixed-band tokens at their ids"
+
+
+def round_trip_every_document(g):
+    """``decode(encode(text)) == text`` for every training document."""
+    f = g.figures
+    n = f["training_documents"]
+    return f["round_trip_failures"] == 0, f"{n - f['round_trip_failures']}/{n} documents round-trip exactly"
+
+
+STAGE = Stage(
+    name="tokenizer", asset="tokenizer", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
+    kinds=("json",),
+    description="Stage 5: byte-level BPE trained on the deduplicated snapshot; special tokens at IDs 0-63.",
+    inputs=(catalog.KEPT,), outputs=(catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST), settings=("vocab_size", "tokenizer"),
+    gates=(vocab_size_exact, fixed_special_ids, round_trip_every_document),
+    figures=("vocab_size", "fixed", "learned", "reserved", "sha256", "bands", "training_documents", "pinned",
+             "seed_morphemes", "ids_in_vocab", "fixed_at_ids", "round_trip_failures"),
+)

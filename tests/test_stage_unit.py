@@ -1,0 +1,135 @@
+"""The Stage unit: a new stage is one module plus one registration line; declarations are
+enforced at run time (inputs, settings, outputs, figures); the registry checks lineage."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from dagster import AssetKey, AssetRecordsFilter, RunsFilter
+
+from megacpp_core import catalog, stages
+from megacpp_core.manifest import load_manifest
+from megacpp_core.runner import run_stage
+from megacpp_core.stage import Dataset, Partition, Partitioning, Result, Stage, StageError
+from megacpp_core.stages import STAGES
+from megacpp_core.storage import DataRoot
+from tests import stage_example
+
+WITH_EXAMPLE = STAGES + (stage_example.STAGE,)  # the one registration line
+
+
+def test_the_example_stage_becomes_an_asset_with_its_checks():
+    from megacpp_assets.definitions import build_definitions
+
+    defs = build_definitions(WITH_EXAMPLE)
+    graph = defs.resolve_asset_graph()
+    node = graph.get(AssetKey("line_stats"))
+    assert node.parent_keys == {AssetKey("scrubbed_files")} and node.partitions_def.name == "repo_revision"
+    assert node.code_version == "1"
+    specs = {s.key.name: s for s in defs.resolve_assets_def(AssetKey("line_stats")).check_specs}
+    assert set(specs) == {"every_file_counted", "line_stats_schema"} and all(s.blocking for s in specs.values())
+    assert AssetKey("line_stats") in {k for k in defs.resolve_job_def("revision_job").asset_layer.executable_asset_keys}
+
+
+def _count(instance, asset: str) -> int:
+    return len(instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(asset)), limit=1000).records)
+
+
+def test_a_new_stage_on_a_materialized_snapshot_runs_only_itself(tiny_run):
+    from megacpp_assets.cli import run_snapshot
+
+    root, instance = tiny_run
+    before = {s.asset: _count(instance, s.asset) for s in STAGES}
+    runs_before = len(instance.get_runs(filters=RunsFilter(job_name="snapshot_job")))
+    assert run_snapshot("tiny", str(root), instance=instance, stages=WITH_EXAMPLE) == 0
+    assert {s.asset: _count(instance, s.asset) for s in STAGES} == before  # nothing else re-ran
+    assert len(instance.get_runs(filters=RunsFilter(job_name="snapshot_job"))) == runs_before
+    assert _count(instance, "line_stats") == 3
+    for src in ("pybind11-3.1.0", "lz4-4.4.5", "xxhash-4.1.0"):
+        path = root / "snapshots" / "tiny" / "revisions" / src / "line_stats.parquet"
+        assert path.stat().st_size > 0
+    assert run_snapshot("tiny", str(root), instance=instance, stages=WITH_EXAMPLE) == 0
+    assert _count(instance, "line_stats") == 3  # current now: skipped
+
+
+def _tiny_stage(compute, **kw) -> Stage:
+    out = Dataset("probe", Partitioning.REVISION, "revisions/{source}/probe.parquet")
+    return Stage(name="probe", asset="probe", partitioning=Partitioning.REVISION, compute=compute, code_version="1",
+                 description="probe", inputs=kw.pop("inputs", (catalog.SCRUBBED,)), outputs=(out,), **kw)
+
+
+def test_declarations_are_enforced_at_run_time(tiny_run):
+    import pyarrow as pa
+
+    root = DataRoot(tiny_run[0])
+    m = load_manifest("tiny")
+    part = Partition("tiny", "lz4-4.4.5")
+    table = pa.table({"x": [1]})
+
+    def reads_undeclared(ctx):
+        ctx.input("license")
+        return Result({"probe": table})
+
+    with pytest.raises(StageError, match="did not declare as an input"):
+        run_stage(_tiny_stage(reads_undeclared), root, m, part)
+
+    def reads_undeclared_setting(ctx):
+        return Result({"probe": table}, {"n": ctx.settings.row_length})
+
+    with pytest.raises(AttributeError, match="probe did not declare setting 'row_length'"):
+        run_stage(_tiny_stage(reads_undeclared_setting, figures=("n",)), root, m, part)
+    assert run_stage(_tiny_stage(reads_undeclared_setting, figures=("n",), settings=("row_length",)),
+                     root, m, part).figures["n"] == 8192
+    with pytest.raises(StageError, match="undeclared figures"):
+        run_stage(_tiny_stage(lambda ctx: Result({"probe": table}, {"surprise": 1})), root, m, part)
+    with pytest.raises(StageError, match="returned outputs"):
+        run_stage(_tiny_stage(lambda ctx: Result({})), root, m, part)
+    with pytest.raises(ValueError, match="per snapshot but writes"):
+        Stage(name="bad", asset="bad", partitioning=Partitioning.SNAPSHOT, compute=reads_undeclared, code_version="1",
+              description="", outputs=(catalog.SCRUBBED,))
+
+
+def test_a_failing_gate_is_reported_not_raised(tiny_run):
+    import pyarrow as pa
+
+    def gate_that_fails(g):
+        return False, "always"
+
+    def gate_that_raises(g):
+        raise RuntimeError("boom")
+
+    res = run_stage(_tiny_stage(lambda ctx: Result({"probe": pa.table({"x": [1]})}),
+                                gates=(gate_that_fails, gate_that_raises)),
+                    DataRoot(tiny_run[0]), load_manifest("tiny"), Partition("tiny", "lz4-4.4.5"))
+    assert not res.ok and res.checks["gate_that_fails"] == (False, "always")
+    assert res.checks["gate_that_raises"][0] is False and "RuntimeError: boom" in res.checks["gate_that_raises"][1]
+
+
+def test_registry_refuses_broken_lineage():
+    orphan = dataclasses.replace(stages.by_name("chunk"), name="orphan", asset="orphan", outputs=())
+    with pytest.raises(ValueError, match="reads kept, which no earlier stage writes"):
+        stages.producers((orphan,))
+    twice = dataclasses.replace(stages.by_name("quality"), name="quality2", asset="quality2")
+    with pytest.raises(ValueError, match="written by quality and quality2"):
+        stages.producers(STAGES + (twice,))
+
+
+def test_outputs_are_removed_before_a_stage_recomputes(tmp_path):
+    """A stage that fails leaves no older output of its partition behind."""
+    import pyarrow as pa
+
+    root = DataRoot(tmp_path)
+    m = load_manifest("tiny")
+    part = Partition("tiny", "lz4-4.4.5")
+    stage = _tiny_stage(lambda ctx: Result({"probe": pa.table({"x": [1]})}), inputs=())
+    run_stage(stage, root, m, part)
+    key = "snapshots/tiny/revisions/lz4-4.4.5/probe.parquet"
+    assert root.exists(key)
+
+    def fails(ctx):
+        raise StageError("bad input")
+
+    with pytest.raises(StageError):
+        run_stage(dataclasses.replace(stage, compute=fails), root, m, part)
+    assert not root.exists(key)
