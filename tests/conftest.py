@@ -45,6 +45,7 @@ def materialized_tiny(tmp_path_factory, label: str):
 
     root = make_data_root(tmp_path_factory.mktemp(f"{label}-root"))
     home = tmp_path_factory.mktemp(f"{label}-dagster-home")
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     old = {k: os.environ.get(k) for k in ("DAGSTER_HOME", "MEGACPP_DATA_ROOT")}
     os.environ["DAGSTER_HOME"] = str(home)
     try:
@@ -64,3 +65,63 @@ def tiny_run(tmp_path_factory):
     """The ``tiny`` snapshot materialized once per session; yields ``(data_root, instance)``."""
     with materialized_tiny(tmp_path_factory, "tiny") as run:
         yield run
+
+
+#: The bucket of the object-store tests (a moto server on 127.0.0.1).
+S3_BUCKET = "megacpp-data"
+
+
+@pytest.fixture(scope="session")
+def s3_env():
+    """A real S3 API: moto's ``ThreadedMotoServer`` on 127.0.0.1 with one bucket. Yields
+    the environment a client needs (credentials and the endpoint, as a pod would get them)."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {"AWS_ACCESS_KEY_ID": "megacpp-test-key", "AWS_SECRET_ACCESS_KEY": "megacpp-test-secret",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                 aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1").create_bucket(Bucket=S3_BUCKET)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_s3(s3_env, tmp_path_factory):
+    """``megacpp run --corpus tiny --data-root s3://megacpp-data/ci`` through the CLI in a
+    fresh process; yields ``(data root URL, DAGSTER_HOME)``."""
+    import subprocess
+    import sys
+
+    home = tmp_path_factory.mktemp("s3-dagster-home")
+    url = f"s3://{S3_BUCKET}/ci"
+    env = {**os.environ, **s3_env, "DAGSTER_HOME": str(home), "MEGACPP_CACHE_DIR": str(SHARED_CACHE)}
+    env.pop("MEGACPP_DATA_ROOT", None)
+    r = subprocess.run([sys.executable, "-m", "megacpp_assets.cli", "run", "--corpus", "tiny", "--data-root", url],
+                       cwd=PROJECT, env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"{url}/snapshots/tiny/packed" in r.stdout
+    yield url, home
+
+
+@pytest.fixture(scope="session")
+def fresh_tiny(tmp_path_factory):
+    """A ``tiny`` snapshot of its own, for the tests that change code versions and settings
+    and re-run it; yields ``(data_root, instance, DAGSTER_HOME)``."""
+    with materialized_tiny(tmp_path_factory, "tiny-fresh") as (root, instance):
+        yield root, instance, Path(instance.root_directory)

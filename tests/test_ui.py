@@ -123,3 +123,79 @@ def test_materialize_a_partition_from_the_ui(webserver):
         page.screenshot(path=str(ARTIFACTS / "ui-materialized.png"))
         browser.close()
     assert (ARTIFACTS / "ui-materialized.png").stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def bumped_webserver(fresh_tiny, tmp_path_factory):
+    """``dagster dev`` on the materialized ``fresh_tiny`` instance, loading the code location
+    with the tokenize stage's code version changed (tests/ui_bumped_defs.py)."""
+    root, _, home = fresh_tiny
+    work = tmp_path_factory.mktemp("ui-bumped")
+    (work / "workspace.yaml").write_text("load_from:\n  - python_module:\n      module_name: tests.ui_bumped_defs\n"
+                                         f"      attribute: defs\n      working_directory: {PROJECT}\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "MEGACPP_DATA_ROOT": str(root), "PYTHONPATH": str(PROJECT)}
+    env.pop("MEGACPP_PROFILE", None)
+    yield from _serve(env, work / "workspace.yaml", work / "dagster-dev.log")
+
+
+def _serve(env: dict, workspace: Path, log_path: Path):
+    port = free_port()
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", str(workspace), "-h", "127.0.0.1",
+                             "-p", str(port)], cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/server_info", timeout=5).status == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, f"dagster dev exited: {log_path.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, "dagster dev did not come up"
+            time.sleep(2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_a_new_code_version_shows_unsynced_until_rerun(bumped_webserver, fresh_tiny):
+    from playwright.sync_api import expect, sync_playwright
+
+    from megacpp_assets.cli import run_snapshot
+    from tests.ui_bumped_defs import STAGES_BUMPED
+
+    root, instance, _ = fresh_tiny
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    partition_page = f"{bumped_webserver}/assets/tokenized_documents?view=partitions&partition=tiny"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+        page.goto(partition_page, wait_until="networkidle")
+        page.wait_for_timeout(1500)
+        if page.get_by_role("button", name="Skip").count():
+            page.get_by_role("button", name="Skip").click()
+        expect(page.get_by_text("Unsynced").first).to_be_visible()
+        page.get_by_text("Unsynced").first.hover()
+        expect(page.get_by_text("Code version").first).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "ui-unsynced.png"))
+        # the asset that did not change is not unsynced
+        page.goto(f"{bumped_webserver}/assets/chunked_documents?view=partitions&partition=tiny", wait_until="networkidle")
+        expect(page.get_by_text("Materialized").first).to_be_visible()
+        expect(page.get_by_text("Unsynced")).to_have_count(0)
+        # megacpp run re-materializes what changed; the UI shows it in sync again
+        assert run_snapshot("tiny", str(root), instance=instance, stages=STAGES_BUMPED) == 0
+        page.goto(partition_page, wait_until="networkidle")
+        expect(page.get_by_text("Materialized").first).to_be_visible()
+        expect(page.get_by_text("Unsynced")).to_have_count(0)
+        page.screenshot(path=str(ARTIFACTS / "ui-synced.png"))
+        browser.close()
