@@ -785,7 +785,7 @@ def source_versions(config: AptConfig, source: Source) -> dict[str, Dsc]:
     out: dict[str, Dsc] = {}
     if r.returncode != 0:
         return out
-    for para in Sources.iter_paragraphs(io.StringIO(r.stdout.decode("utf-8", "replace"))):
+    for para in Sources.iter_paragraphs(io.StringIO(r.stdout.decode("utf-8", "replace")), use_apt_pkg=False):
         if para.get("Package") != source.package:
             continue
         try:
