@@ -5,15 +5,15 @@ package name, its exact Debian version (``[epoch:]upstream[-revision]``) and the
 its main tarball — the ``.orig.tar.*`` (or, for a native package, its only ``.tar.*``).
 
 **Private apt configuration.** Nothing in the machine's ``/etc/apt`` or
-``/var/lib/apt`` is read for writing or modified. :func:`private_apt_config` derives one
+``/var/lib/apt`` is modified. :func:`private_apt_config` derives one
 ``Types: deb-src`` entry from every ``deb`` entry the machine is configured with (same
 URIs, suites, components and options such as ``Signed-By``; read from the files apt itself
 reads: ``Dir::Etc::sourcelist`` and ``Dir::Etc::sourceparts/*.list|*.sources``, one-line and
 deb822 formats) and writes it, with its own state, cache and log directories, under
 ``CACHE/debian/apt/KEY/`` (``KEY`` = hash of the derived configuration). apt is run with
 ``APT_CONFIG`` pointing at a private ``apt.conf`` that carries the machine's ``Acquire::``
-settings (proxies, validity checks, …) and keyring/credential locations but none of its
-``apt.conf.d`` hooks, plus ``-o Dir::State=…``, ``-o Dir::Cache=…``, ``-o Dir::Etc::…``
+settings (proxies, validity checks, …), its keyring/credential locations and its download
+sandbox user, but none of its ``apt.conf.d`` hooks, plus ``-o Dir::State=…``, ``-o Dir::Cache=…``, ``-o Dir::Etc::…``
 options. No mirror or registry host appears in this code: every URI comes from the
 machine's configuration, as for the ``pypi`` kind.
 
@@ -357,15 +357,19 @@ def _diff_created_files(path: Path, limits: ArchiveLimits, what: str) -> list[tu
 
     The diff is decompressed with the same size and ratio limits as an archive; changes to
     existing (upstream) files are ignored — no patch is ever applied. Raises
-    :class:`UnsafeArchiveError` for a bomb or a hostile path.
+    :class:`UnsafeArchiveError` for a bomb or a hostile path, :class:`AcquireError` for a
+    corrupt gzip stream.
     """
-    name = path.name
+    name = f"{what}: {path.name}"
     raw = path.read_bytes()
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     out = bytearray()
     buf = raw
     while buf:
-        out += d.decompress(buf, limits.max_total_bytes + 1 - len(out))
+        try:
+            out += d.decompress(buf, limits.max_total_bytes + 1 - len(out))
+        except zlib.error as e:
+            raise AcquireError(f"{name}: not a readable gzip file: {e}") from e
         if len(out) > limits.max_total_bytes:
             raise UnsafeArchiveError(name, name, f"total size over {limits.max_total_bytes} bytes")
         buf = d.unconsumed_tail
@@ -413,13 +417,14 @@ def read_source_package(dsc: Dsc, paths: Mapping[str, Path], limits: ArchiveLimi
     :func:`megacpp_core.acquire.iter_archive` under ``limits``; the merged revision must
     also stay within ``limits.max_entries`` and ``limits.max_total_bytes``. Raises
     :class:`UnsafeArchiveError` (hostile tarball, a ``debian.tar`` entry outside
-    ``debian/``, revision over the limits) or :class:`DscFormatError`.
+    ``debian/``, revision over the limits; its ``archive`` is ``"WHAT: TARBALL"``, naming
+    the source) or :class:`DscFormatError`.
     """
     what = what or dsc.filename
     byname = {f.role: f for f in dsc.files if f.role not in ("component", "signature")}
     tree: dict[str, bytes] = {}
     main = dsc.main
-    for p, data in strip_common_root(list(iter_archive(Path(paths[main.name]), limits, main.name))):
+    for p, data in strip_common_root(list(iter_archive(Path(paths[main.name]), limits, f"{what}: {main.name}"))):
         if dsc.format == "3.0 (quilt)" and _under(p, ".pc"):
             continue  # dpkg-source excludes a top-level .pc (quilt state) from the orig tarball
         tree[p] = data
@@ -428,15 +433,15 @@ def read_source_package(dsc: Dsc, paths: Mapping[str, Path], limits: ArchiveLimi
         assert comp is not None
         for p in [p for p in tree if _under(p, comp)]:
             del tree[p]  # dpkg-source: "required removal of '%s' installed by original tarball"
-        for p, data in strip_common_root(list(iter_archive(Path(paths[f.name]), limits, f.name))):
+        for p, data in strip_common_root(list(iter_archive(Path(paths[f.name]), limits, f"{what}: {f.name}"))):
             tree[f"{comp}/{p}"] = data
     if "debian" in byname:
         f = byname["debian"]
         for p in [p for p in tree if _under(p, "debian")]:
             del tree[p]  # dpkg-source erases debian/ before unpacking the debian tarball
-        for p, data in iter_archive(Path(paths[f.name]), limits, f.name):
+        for p, data in iter_archive(Path(paths[f.name]), limits, f"{what}: {f.name}"):
             if not p.startswith("debian/"):
-                raise UnsafeArchiveError(f.name, p, "debian tarball entry outside debian/")
+                raise UnsafeArchiveError(f"{what}: {f.name}", p, "debian tarball entry outside debian/")
             tree[p] = data
     if "diff" in byname:
         f = byname["diff"]
@@ -555,13 +560,14 @@ def parse_deb822_sources(text: str, origin: str = "x.sources") -> list[AptEntry]
 
 
 def _apt_config_paths() -> dict[str, str]:
-    """The machine's apt file locations (``apt-config shell``), with apt's defaults as fallback."""
+    """The machine's apt file locations and sandbox user (``apt-config shell``), with apt's
+    compiled-in defaults as fallback."""
     keys = {"sourcelist": "Dir::Etc::sourcelist/f", "sourceparts": "Dir::Etc::sourceparts/d",
             "trusted": "Dir::Etc::trusted/f", "trustedparts": "Dir::Etc::trustedparts/d",
-            "netrc": "Dir::Etc::netrc/f", "netrcparts": "Dir::Etc::netrcparts/d"}
+            "netrc": "Dir::Etc::netrc/f", "netrcparts": "Dir::Etc::netrcparts/d", "sandbox": "APT::Sandbox::User"}
     defaults = {"sourcelist": "/etc/apt/sources.list", "sourceparts": "/etc/apt/sources.list.d/",
                 "trusted": "/etc/apt/trusted.gpg", "trustedparts": "/etc/apt/trusted.gpg.d/",
-                "netrc": "/etc/apt/auth.conf", "netrcparts": "/etc/apt/auth.conf.d/"}
+                "netrc": "/etc/apt/auth.conf", "netrcparts": "/etc/apt/auth.conf.d/", "sandbox": "_apt"}
     exe = shutil.which("apt-config")
     if exe is None:
         return defaults
@@ -702,7 +708,8 @@ def private_apt_config(cache_root: Path, sourcelist: Path | None = None, sourcep
     Layout of ``cache_root/debian/apt/KEY/``: ``sources.list`` (empty),
     ``sources.list.d/derived.sources`` (:func:`render_deb_src`), ``apt.conf`` (read through
     ``APT_CONFIG``: ``Dir::Etc::parts`` → the empty ``apt.conf.d/`` here so no machine hook
-    runs, the machine's keyring and credential locations and its ``Acquire::`` settings),
+    runs, the machine's keyring and credential locations, its sandbox user and its
+    ``Acquire::`` settings),
     ``preferences.d/``, ``state/`` (``lists/``, an empty dpkg ``status``), ``cache/``,
     ``log/``. Raises :class:`AptConfigError` when the machine has no ``deb`` entry.
     """
@@ -716,6 +723,7 @@ def private_apt_config(cache_root: Path, sourcelist: Path | None = None, sourcep
                   "// Derived from the machine's apt configuration; never edit by hand."]
     for key in ("trusted", "trustedparts", "netrc", "netrcparts"):
         conf_lines.append(f'Dir::Etc::{key} "{paths[key]}";')
+    conf_lines.append(f'APT::Sandbox::User "{paths["sandbox"]}";')
     conf_lines += _machine_acquire_settings()
     key = hashlib.sha256((sources + "\0" + "\n".join(conf_lines)).encode()).hexdigest()[:16]
     root = Path(cache_root).resolve() / "debian" / "apt" / key
@@ -777,14 +785,15 @@ def apt_update(config: AptConfig, source: Source) -> None:
 def source_versions(config: AptConfig, source: Source) -> dict[str, Dsc]:
     """Every version of ``source.package`` in the configured suites (``apt-cache showsrc
     --only-source``), as ``{version: Dsc built from the index entry}``; ``{}`` when the
-    package is unknown. Entries whose file list cannot be classified are left out."""
+    package is unknown. Entries whose file list cannot be classified are left out.
+    Raises :class:`AptError` when apt-cache itself fails (e.g. unreadable indexes)."""
     from debian.deb822 import Sources
 
     _, cache = _require_apt(source)
     r = _run([cache, *config.options(), "showsrc", "--only-source", source.package], config, source)
     out: dict[str, Dsc] = {}
-    if r.returncode != 0:
-        return out
+    if r.returncode != 0:  # an unknown package is only a warning ("W: Unable to locate package")
+        raise AptError(f"source {source.name}: apt-cache showsrc {source.package} failed: {_stderr(r)}")
     for para in Sources.iter_paragraphs(io.StringIO(r.stdout.decode("utf-8", "replace")), use_apt_pkg=False):
         if para.get("Package") != source.package:
             continue
@@ -856,14 +865,33 @@ def cached_record(source: Source, cache_root: Path) -> dict | None:
 
 
 def _store(path: Path, sha: str, name: str, cache_root: Path) -> Path:
+    """Move a verified download to its content-addressed place (a copy across file systems)."""
     dest = cache_path(cache_root, sha, name)
-    if dest.is_file() and dest.stat().st_size == path.stat().st_size:
+    if dest.is_file() and dest.stat().st_size == path.stat().st_size and _hash_file(dest) == sha:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
-    shutil.copyfile(path, tmp)
+    tmp = dest.with_name(dest.name + f".{os.getpid()}.part")
+    try:
+        os.replace(path, tmp)
+    except OSError:
+        shutil.copyfile(path, tmp)
     os.replace(tmp, dest)
     return dest
+
+
+def _hand_to_sandbox(work: Path) -> None:
+    """When running as root, let apt's unprivileged download user (``APT::Sandbox::User``)
+    write into ``work``, so that apt keeps its own privilege separation for the download
+    instead of falling back to root ("Download is performed unsandboxed as root")."""
+    if os.geteuid() != 0:
+        return
+    import pwd
+
+    try:
+        user = pwd.getpwnam(_apt_config_paths()["sandbox"])
+    except KeyError:
+        return
+    os.chown(work, user.pw_uid, os.getegid())
 
 
 def fetch_debian(source: Source, cache_root: Path) -> tuple[dict, bool]:
@@ -888,9 +916,16 @@ def fetch_debian(source: Source, cache_root: Path) -> tuple[dict, bool]:
     tmp_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="debian-", dir=tmp_root))
     try:
+        _hand_to_sandbox(work)
         with _locked(config):
             r = _run([get, "-q", *config.options(), "source", "--download-only", "--only-source",
                       f"{source.package}={source.version}"], config, source, cwd=work)
+        for f in work.iterdir():
+            if f.stat().st_uid != os.geteuid():
+                os.chown(f, os.geteuid(), os.getegid())
+        for line in r.stderr.decode("utf-8", "replace").splitlines():
+            if line.startswith("W:"):
+                log.warning("%s: apt-get source: %s", source.name, line)
         if r.returncode != 0:
             raise AptError(f"source {source.name}: apt-get source --download-only {source.package}={source.version} "
                            f"failed: {_stderr(r)}")
@@ -905,7 +940,7 @@ def fetch_debian(source: Source, cache_root: Path) -> tuple[dict, bool]:
         verify_dsc_files(dsc, paths, what)
         check_main_pin(dsc, source.sha256, what)
         dsc_sha, dsc_size = _hash_file(dsc_path), dsc_path.stat().st_size
-        for f in dsc.files:
+        for f in dsc.files:  # every file, the upstream signatures included
             _store(paths[f.name], f.sha256, f.name, cache_root)
         _store(dsc_path, dsc_sha, dsc_path.name, cache_root)
     finally:

@@ -325,3 +325,13 @@ def test_manifest_debian_kind(tmp_path):
     p.write_text(f"name: d\nsources:\n  - {{name: x, kind: debian, package: fmtlib, version: '1', sha256: {'a' * 64}, url: u}}\n")
     with pytest.raises(ManifestError, match="field 'url' is not a field of kind debian"):
         load_manifest(p)
+
+
+def test_format_1_0_diff_with_hostile_path_refused(tmp_path):
+    d = tmp_path / "v1"
+    d.mkdir()
+    _tar(d / "demo_1.0.orig.tar.gz", {"demo-1.0/a.c": b"int a;\n"}, "w:gz")
+    diff = b"--- demo-1.0.orig/debian/../../x\n+++ demo-1.0/debian/../../x\n@@ -0,0 +1 @@\n+owned\n"
+    (d / "demo_1.0-1.diff.gz").write_bytes(gzip.compress(diff))
+    with pytest.raises(acquire.UnsafeArchiveError, match=r"demo_1\.0-1\.diff\.gz.*traversal"):
+        ad.read_dsc_dir(_dsc(d, "demo", "1.0-1", "1.0", ["demo_1.0.orig.tar.gz", "demo_1.0-1.diff.gz"]))
