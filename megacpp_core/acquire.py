@@ -2,8 +2,9 @@
 
 :func:`acquire_source` is the stage's entry: it dispatches on the source kind —
 ``pypi`` and ``archive`` here, ``git`` in :mod:`megacpp_core.acquire_git`, ``local`` in
-:mod:`megacpp_core.acquire_local` — and returns the files with their revision (archive
-sha256, commit sha or local content hash). :func:`source_files_table` turns that into the
+:mod:`megacpp_core.acquire_local`, ``debian`` in :mod:`megacpp_core.acquire_debian` — and
+returns the files with their revision (archive sha256, commit sha, local content hash or
+orig tarball sha256). :func:`source_files_table` turns that into the
 ``source_files`` table.
 
 ``pypi`` sources are sdists located through the simple repository API of the package
@@ -257,6 +258,10 @@ def acquire_source(source: Source, cache_root: Path, limits: ArchiveLimits | Non
         from . import acquire_local
 
         return acquire_local.acquire_local(source, limits)
+    if source.kind == "debian":
+        from . import acquire_debian
+
+        return acquire_debian.acquire_debian(source, cache_root, limits)
     raise AcquireError(f"source {source.name}: unknown kind {source.kind!r}")
 
 
@@ -268,7 +273,8 @@ def check_pins(manifest: Manifest, cache_root: Path) -> None:
     pinned file is already cached, and when no index answers — the fetch then reports
     it); ``git``: ``tag`` must be a tag, not a branch (skipped when the tag's resolution
     is cached); ``archive``: ``path`` must exist unless cached; ``local``: the directory
-    must exist.
+    must exist; ``debian``: the version must be in the configured suites with the pinned
+    orig sha256 (skipped when cached; see :func:`megacpp_core.acquire_debian.check_pin`).
     """
     from . import acquire_git, acquire_local
 
@@ -306,6 +312,13 @@ def check_pins(manifest: Manifest, cache_root: Path) -> None:
                 acquire_local.local_root(s)
             except AcquireError as e:
                 raise ManifestError(f"{where}: field '{'path' if s.path else 'python_package'}': {e}") from None
+        elif s.kind == "debian":
+            from . import acquire_debian
+
+            try:
+                acquire_debian.check_pin(s, cache_root)
+            except AcquireError as e:
+                raise ManifestError(f"{where}: field '{getattr(e, 'field', 'package')}': {e}") from None
 
 
 def _cached_any(cache_root: Path, sha: str | None) -> bool:

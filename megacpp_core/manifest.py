@@ -10,6 +10,7 @@ A manifest is a YAML file::
       - {name: fmt-11.0.2, kind: git, url: "https://…/fmt.git", tag: "11.0.2"}
       - {name: mylib-1.0, kind: archive, path: /srv/mylib-1.0.tar.gz, sha256: …}
       - {name: mine, kind: local, path: /srv/mine, label: "2026-01"}
+      - {name: fmtlib-9.1.0, kind: debian, package: fmtlib, version: "9.1.0+ds1-2", sha256: 84ce…}
       - {name: torch-headers, kind: local, python_package: torch, subdir: include}
 
 Fields of a source, by kind (any other field is refused):
@@ -24,6 +25,11 @@ Fields of a source, by kind (any other field is refused):
     manifest's directory), ``sha256`` required, ``version`` optional (a label for
     provenance; default: the archive file name). The name must end in ``.tar.gz``,
     ``.tgz``, ``.tar.xz``, ``.txz``, ``.tar.bz2``, ``.tbz2``, ``.tar`` or ``.zip``.
+``debian``
+    ``package`` (the *source* package name), ``version`` (the exact Debian version,
+    ``[epoch:]upstream[-revision]``), ``sha256`` (of the orig tarball, or of the only
+    tarball of a native package), all required; fetched by
+    :mod:`megacpp_core.acquire_debian`.
 ``local``
     either ``path`` (a directory; relative to the manifest's directory) with a ``label``,
     or ``python_package`` (an installed distribution, e.g. ``torch``), optional
@@ -57,7 +63,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CORPORA_DIR = PROJECT_ROOT / "corpora"
 
 #: Source kinds of SPEC §3 (all fetched by :mod:`megacpp_core.acquire`).
-KNOWN_KINDS = ("pypi", "git", "archive", "local")
+KNOWN_KINDS = ("pypi", "git", "archive", "local", "debian")
 SUPPORTED_KINDS = KNOWN_KINDS
 #: Archive name endings accepted by the ``archive`` kind.
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tar", ".zip")
@@ -67,11 +73,15 @@ KIND_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "git": (("url", "tag"), ("commit",)),
     "archive": (("sha256",), ("url", "path", "version")),
     "local": ((), ("path", "label", "python_package", "module", "subdir")),
+    "debian": (("package", "version", "sha256"), ()),
 }
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+#: Debian source package names and versions (Debian Policy §5.6.1 and §5.6.12).
+_DEB_SOURCE = re.compile(r"^[a-z0-9][a-z0-9.+-]+$")
+_DEB_VERSION = re.compile(r"^(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*$")
 
 #: Strict extension whitelist of SPEC §4.
 DEFAULT_EXTENSIONS = (
@@ -287,7 +297,10 @@ def _source(raw: dict, kind: str, sname: str, order: int, where: str, base: Path
         sha = sha.lower()
         if not _SHA256.match(sha):
             raise ManifestError(f"{where}: field 'sha256' must be 64 hex digits")
-    if kind == "pypi":
+    if kind == "debian" and not (_DEB_SOURCE.match(f["package"]) and _DEB_VERSION.match(f["version"])):
+        raise ManifestError(f"{where}: field '{'version' if _DEB_SOURCE.match(f['package']) else 'package'}' is not a "
+                            "Debian source package name / version (Debian Policy §5.6.1, §5.6.12)")
+    if kind in ("pypi", "debian"):
         return Source(name=sname, kind=kind, order=order, package=f["package"], version=f["version"], sha256=sha)
     if kind == "git":
         commit = f.get("commit")
