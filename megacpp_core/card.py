@@ -104,6 +104,7 @@ def render_card(root: DataRoot, manifest: Manifest) -> str:
     L += ["", "## Stage 2 — license", "", "| class | files |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in sorted(classes.items())]
     L += ["", "| decision | files |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in sorted(decisions.items())]
     L += ["", "| decided from | files |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in sorted(origins.items())]
+    L += dep5_section(manifest, rev["license"])
     L += ["", "## Stage 3 — scrub", "", "| kind | redactions |", "|---|---:|"] + [f"| {k} | {_fmt(v)} |" for k, v in redactions.items()]
     if samples:
         L += ["", f"{len(samples)} sampled redactions in context, for human review:", ""]
@@ -149,6 +150,34 @@ def render_card(root: DataRoot, manifest: Manifest) -> str:
     for st in SNAPSHOT_STAGES:
         L.append(f"| {st} | {(snap[st] or {}).get('wall_seconds', 0):.1f} |")
     return "\n".join(L) + "\n"
+
+
+def dep5_section(manifest: Manifest, license_figures: dict[str, dict | None], limit: int = 20) -> list[str]:
+    """Markdown lines comparing ScanCode with each Debian source package's
+    ``debian/copyright`` (DEP-5): agreement per package and the disagreements."""
+    rows = [(name, (f or {}).get("dep5") or {}) for name, f in license_figures.items()]
+    rows = [(name, d) for name, d in rows if d.get("copyright") not in (None, "none")]
+    if not rows:
+        return []
+    L = ["", "### ScanCode against DEP-5 (`debian/copyright`)", "",
+         f"For Debian source packages, each kept file's ScanCode decision is compared with the license of its "
+         f"`Files:` paragraph; where their classes differ, `license_dep5_policy: "
+         f"{manifest.settings.license_dep5_policy}` decides.", "",
+         "| source | copyright file | files compared | agree | same class | disagree | DEP-5 only | agreement | decided by DEP-5 |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, d in rows:
+        a = d.get("agreement") or {}
+        rate = d.get("agreement_rate")
+        L.append(f"| {name} | {d.get('copyright')} | {_fmt(d.get('compared', 0))} | {_fmt(a.get('agree', 0))} | "
+                 f"{_fmt(a.get('same_class', 0))} | {_fmt(a.get('disagree', 0))} | {_fmt(a.get('dep5_only', 0))} | "
+                 f"{_pct(rate) if rate is not None else 'n/a'} | {_fmt(d.get('decided_by_dep5', 0))} |")
+    listed = [(name, x) for name, d in rows for x in d.get("disagreements") or []][:limit]
+    if listed:
+        L += ["", f"Disagreements (first {len(listed)}):", "",
+              "| source | path | ScanCode | DEP-5 (pattern) | decided by | class, decision |", "|---|---|---|---|---|---|"]
+        L += [f"| {name} | `{x['path']}` | {x.get('scancode') or 'none'} | {x.get('dep5')} (`{x.get('pattern')}`) | "
+              f"{x.get('chosen')} | {x.get('class')}, {x.get('decision')} |" for name, x in listed]
+    return L
 
 
 def enrichment_section(c: dict, tz: dict, lane: dict | None = None) -> list[str]:

@@ -424,3 +424,94 @@ def dep5_of_files(files: Iterable[tuple[str, bytes]]) -> Dep5 | None:
         if p == COPYRIGHT_PATH:
             return parse_copyright(data)
     return None
+
+
+# --------------------------------------------------------------------------- the second signal
+
+#: How a file's ScanCode decision and its DEP-5 license relate (the ``agreement`` column):
+#: ``agree`` (the same SPDX expression), ``same_class`` (different expressions, same
+#: license class), ``disagree`` (different classes), ``dep5_only`` (ScanCode found no
+#: license), ``no_stanza`` (no Files paragraph matches the path), ``unreadable_dep5`` (the
+#: paragraph's License line could not be normalised), ``not_machine_readable`` (a
+#: free-form ``debian/copyright``), ``no_dep5`` (the source is not a Debian source package).
+AGREEMENTS = ("agree", "same_class", "disagree", "dep5_only", "no_stanza", "unreadable_dep5", "not_machine_readable",
+              "no_dep5")
+#: Which signal decides (``settings.license_dep5_policy``): ``stricter`` (default: the less
+#: permissive class of the two, ScanCode on a tie), ``scancode``, ``dep5`` (DEP-5 whenever
+#: it has a license for the file), ``dep5_if_unknown`` (DEP-5 only where ScanCode found none).
+POLICIES = ("stricter", "scancode", "dep5", "dep5_if_unknown")
+#: Agreements where both signals name a license (the denominator of the agreement rate).
+COMPARED = ("agree", "same_class", "disagree", "dep5_only")
+
+
+def reconcile(row: dict, dep5: "Dep5 | None", mode: str, policy) -> dict:
+    """A license decision of :func:`megacpp_core.license.scan_revision` with the DEP-5 signal.
+
+    ``row``: the ScanCode-based decision (``path``, ``spdx_expression``, ``license_class``,
+    ``decision``, ``reason``, ``origin``, ``license_file``); ``dep5``: the source package's
+    parsed ``debian/copyright`` (None for a source that is not a Debian source package);
+    ``mode``: one of :data:`POLICIES`; ``policy``: the
+    :class:`~megacpp_core.license.LicensePolicy`. Returns the row plus ``license_scancode``
+    (ScanCode's expression), ``license_dep5`` (DEP-5's, SPDX), ``dep5_pattern`` (the Files
+    glob that matched), ``agreement`` (one of :data:`AGREEMENTS`) and ``decided_by``
+    (``scancode`` or ``dep5``). When the mode picks DEP-5 and its class differs from
+    ScanCode's (or ScanCode found nothing), ``spdx_expression``, ``license_class``,
+    ``decision`` and ``reason`` are DEP-5's. A refusal-list decision is never changed.
+    Raises ``ValueError`` for an unknown ``mode``.
+    """
+    from . import license as lic
+
+    if mode not in POLICIES:
+        raise ValueError(f"license_dep5_policy={mode!r}; expected one of {POLICIES}")
+    out = {**row, "license_scancode": row["spdx_expression"], "license_dep5": None, "dep5_pattern": None,
+           "decided_by": "scancode"}
+    if dep5 is None:
+        return {**out, "agreement": "no_dep5"}
+    if not dep5.machine_readable:
+        return {**out, "agreement": "not_machine_readable"}
+    spdx, pattern = dep5.license_for(row["path"])
+    out.update(license_dep5=spdx, dep5_pattern=pattern)
+    if pattern is None:
+        return {**out, "agreement": "no_stanza"}
+    if spdx is None:
+        return {**out, "agreement": "unreadable_dep5"}
+    dep5_class = lic.classify_expression(spdx, policy)
+    sc_expr, sc_class = row["spdx_expression"], row["license_class"]
+    if sc_expr is None and sc_class == "unknown":
+        agreement = "dep5_only"
+    elif lic.parse_expression(sc_expr) == lic.parse_expression(spdx):
+        agreement = "agree"
+    else:
+        agreement = "same_class" if sc_class == dep5_class else "disagree"
+    out["agreement"] = agreement
+    rank = {c: i for i, c in enumerate(lic.CLASS_ORDER)}
+    use_dep5 = {"scancode": False, "dep5": True, "dep5_if_unknown": sc_class == "unknown",
+                "stricter": rank[dep5_class] > rank[sc_class]}[mode]
+    if use_dep5 and row["origin"] != "refusal_list" and (dep5_class != sc_class or sc_expr is None):
+        decision, reason = lic.decide(dep5_class, policy)
+        out.update(spdx_expression=spdx, license_class=dep5_class, decision=decision, decided_by="dep5",
+                   reason=f"{reason}; from debian/copyright ({pattern}), ScanCode: {sc_expr or 'none'} "
+                          f"(license_dep5_policy={mode})")
+    return out
+
+
+def summary(rows: list[dict], dep5: "Dep5 | None", limit: int = 50) -> dict:
+    """Figures of the DEP-5 signal over one revision's reconciled rows: ``copyright``
+    (``dep5``, ``free_form`` or ``none``), ``agreement`` counts, ``agreement_rate`` (share of
+    ``agree`` + ``same_class`` among the files both signals cover, None when none),
+    ``decided_by_dep5`` and up to ``limit`` ``disagreements`` (path, both expressions and
+    classes, what was chosen)."""
+    counts = {a: 0 for a in AGREEMENTS}
+    for r in rows:
+        counts[r["agreement"]] += 1
+    compared = sum(counts[a] for a in COMPARED)
+    disagreements = [{"path": r["path"], "scancode": r["license_scancode"], "dep5": r["license_dep5"],
+                      "pattern": r["dep5_pattern"], "chosen": r["decided_by"], "class": r["license_class"],
+                      "decision": r["decision"]}
+                     for r in rows if r["agreement"] in ("disagree", "dep5_only")][:limit]
+    return {"copyright": "none" if dep5 is None else ("dep5" if dep5.machine_readable else "free_form"),
+            "copyright_reason": None if dep5 is None else dep5.reason,
+            "agreement": {k: v for k, v in counts.items() if v},
+            "agreement_rate": round((counts["agree"] + counts["same_class"]) / compared, 4) if compared else None,
+            "compared": compared, "decided_by_dep5": sum(1 for r in rows if r["decided_by"] == "dep5"),
+            "disagreements": disagreements}

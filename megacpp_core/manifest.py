@@ -127,6 +127,9 @@ class Settings:
     license_permissive_ids: tuple[str, ...] = ()
     license_refused_ids: tuple[str, ...] = ()
     refused_sources: tuple[str, ...] = ()
+    # license: which signal decides where ScanCode and a Debian package's debian/copyright
+    # (DEP-5) differ — "stricter" (default), "scancode", "dep5", "dep5_if_unknown"
+    license_dep5_policy: str = "stricter"
     # dedup (SPEC §4 "Dedup")
     minhash_num_perm: int = 128
     minhash_threshold: float = 0.7
@@ -266,6 +269,8 @@ def _settings(raw: Any, where: str) -> Settings:
         raise ManifestError(f"{where}: settings.row_length {s.row_length} is too small (≥ 16)")
     if s.semantic_workers < 1 or s.semantic_timeout_s <= 0:
         raise ManifestError(f"{where}: settings.semantic_workers must be ≥ 1 and semantic_timeout_s > 0")
+    if s.license_dep5_policy not in ("stricter", "scancode", "dep5", "dep5_if_unknown"):
+        raise ManifestError(f"{where}: settings.license_dep5_policy must be stricter, scancode, dep5 or dep5_if_unknown")
     for k in ("license_unknown_decision", "license_weak_copyleft_decision", "license_gpl2_decision"):
         if getattr(s, k) not in ("accept", "accept_tagged", "refuse"):
             raise ManifestError(f"{where}: settings.{k} must be accept, accept_tagged or refuse")

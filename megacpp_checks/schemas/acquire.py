@@ -13,6 +13,8 @@ import hashlib
 import pandera.pandas as pa
 import pyarrow as pa_arrow
 
+from megacpp_core.manifest import KNOWN_KINDS
+
 from . import validate_frame
 
 _HEX64 = r"^[0-9a-f]{64}$"
@@ -23,7 +25,7 @@ SOURCE_FILES = pa.DataFrameSchema(
     {
         "snapshot": pa.Column(str, pa.Check.str_length(min_value=1)),
         "source": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "kind": pa.Column(str, pa.Check.isin(["pypi", "git", "archive", "local"])),
+        "kind": pa.Column(str, pa.Check.isin(list(KNOWN_KINDS))),
         "version": pa.Column(str, pa.Check.str_length(min_value=1)),
         "revision": pa.Column(str, pa.Check.str_matches(_REVISION)),
         "archive_sha256": pa.Column(str, pa.Check.str_matches(_HEX64), nullable=True),
@@ -37,8 +39,8 @@ SOURCE_FILES = pa.DataFrameSchema(
     },
     checks=[
         pa.Check(lambda df: df["doc_key"] == df["source"] + "/" + df["path"], error="doc_key is SOURCE/PATH"),
-        pa.Check(lambda df: (df["kind"].isin(["pypi", "archive"])) == df["archive_sha256"].notna(),
-                 error="archive_sha256 is set exactly for pypi and archive sources"),
+        pa.Check(lambda df: (df["kind"].isin(["pypi", "archive", "debian"])) == df["archive_sha256"].notna(),
+                 error="archive_sha256 is set exactly for pypi, archive and debian sources"),
         pa.Check(lambda df: df["snapshot"].nunique() <= 1 and df["source"].nunique() <= 1 and df["revision"].nunique() <= 1,
                  error="one snapshot, source and revision per table"),
     ],

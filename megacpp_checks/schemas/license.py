@@ -4,7 +4,9 @@ One row per file kept by stage 1: SPDX expression (null when nothing was found),
 class (:data:`megacpp_core.license.CLASS_ORDER`), decision
 (:data:`megacpp_core.license.DECISIONS`), reason, origin
 (:data:`megacpp_core.license.ORIGINS`) and the directory license file used (set exactly
-when the origin is ``directory_license``). :func:`validate_license` backs the blocking
+when the origin is ``directory_license``); the second signal for Debian source packages:
+ScanCode's expression, the ``debian/copyright`` (DEP-5) license and Files pattern, their
+``agreement`` (:data:`megacpp_core.dep5.AGREEMENTS`) and which of the two decided. :func:`validate_license` backs the blocking
 ``license_schema`` asset check.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import pandera.pandas as pa
 import pyarrow as pa_arrow
 
+from megacpp_core.dep5 import AGREEMENTS
 from megacpp_core.license import CLASS_ORDER, DECISIONS, ORIGINS
 
 from . import validate_frame
@@ -28,6 +31,11 @@ LICENSE = pa.DataFrameSchema(
         "reason": pa.Column(str, pa.Check.str_length(min_value=1)),
         "origin": pa.Column(str, pa.Check.isin(list(ORIGINS))),
         "license_file": pa.Column(str, nullable=True),
+        "license_scancode": pa.Column(str, nullable=True),
+        "license_dep5": pa.Column(str, nullable=True),
+        "dep5_pattern": pa.Column(str, nullable=True),
+        "agreement": pa.Column(str, pa.Check.isin(list(AGREEMENTS))),
+        "decided_by": pa.Column(str, pa.Check.isin(["scancode", "dep5"])),
     },
     checks=[
         pa.Check(lambda df: df["doc_key"] == df["source"] + "/" + df["path"], error="doc_key is SOURCE/PATH"),
@@ -41,6 +49,10 @@ LICENSE = pa.DataFrameSchema(
                  error="sources on the refusal list are refused"),
         pa.Check(lambda df: df["spdx_expression"].notna() | df["license_class"].eq("unknown"),
                  error="a file without an expression is of class 'unknown'"),
+        pa.Check(lambda df: (df["decided_by"] == "scancode") | df["license_dep5"].notna(),
+                 error="a DEP-5 decision names the DEP-5 license"),
+        pa.Check(lambda df: df["agreement"].isin(["no_dep5", "not_machine_readable"]) | df["dep5_pattern"].notna()
+                 | df["agreement"].eq("no_stanza"), error="a DEP-5 comparison names the Files pattern"),
     ],
     strict=True,
     coerce=False,

@@ -4,23 +4,30 @@ Per repo revision. Inputs: ``source_files`` (for license files of the tree) and
 ``quality_kept``. Output: ``license`` — one decision per kept file (SPDX expression,
 class, accept / accept_tagged / refuse, reason, origin). The evidence rules and ScanCode
 wrapper are :mod:`megacpp_core.license`; the ScanCode index loads once per process.
+
+For a Debian source package, ``debian/copyright`` (DEP-5) is a second signal
+(:mod:`megacpp_core.dep5`): each kept file gets its Files paragraph's license and the
+``agreement`` of the two; ``settings.license_dep5_policy`` chooses what decides where they
+differ (default: the stricter of the two). A free-form copyright file is recorded as such.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from .. import catalog, license
+from .. import catalog, dep5, license
 from ..stage import Partitioning, Result, Stage
 from ..tables import value_counts
 
 SETTINGS = ("license_unknown_decision", "license_weak_copyleft_decision", "license_gpl2_decision",
-            "refused_sources", "license_permissive_ids", "license_refused_ids")
+            "refused_sources", "license_permissive_ids", "license_refused_ids", "license_dep5_policy")
 
 LICENSE_SCHEMA = pa.schema([
     ("doc_key", pa.string()), ("source", pa.string()), ("path", pa.string()),
     ("spdx_expression", pa.string()), ("license_class", pa.string()), ("decision", pa.string()),
     ("reason", pa.string()), ("origin", pa.string()), ("license_file", pa.string()),
+    ("license_scancode", pa.string()), ("license_dep5", pa.string()), ("dep5_pattern", pa.string()),
+    ("agreement", pa.string()), ("decided_by", pa.string()),
 ])
 
 _SCANNER: license.Scanner | None = None
@@ -49,25 +56,33 @@ def compute(ctx) -> Result:
     kept = ctx.input("quality_kept").read(columns=["doc_key", "path", "text"])
     kept_text = dict(zip(kept.column("path").to_pylist(), kept.column("text").to_pylist()))
     texts: dict[str, str] = {}
+    copyright_file = None
     for p, b, size in zip(files.column("path").to_pylist(), files.column("content").to_pylist(), files.column("size").to_pylist()):
+        if p == dep5.COPYRIGHT_PATH and ctx.source.kind == "debian":
+            copyright_file = dep5.parse_copyright(b)
         if p in kept_text:
             texts[p] = kept_text[p]
         elif license.is_license_file(p) and size <= 1_000_000:
             texts[p] = b.decode("utf-8", errors="replace")
     scanner = ctx.tool("scancode")
-    rows = license.scan_revision(ctx.source.name, texts, kept_text.keys(), license_policy(ctx.settings), scanner)
+    policy = license_policy(ctx.settings)
+    rows = license.scan_revision(ctx.source.name, texts, kept_text.keys(), policy, scanner)
+    if ctx.source.kind == "debian" and copyright_file is None:
+        copyright_file = dep5.Dep5(False, reason="the source package has no debian/copyright")
+    rows = [dep5.reconcile(r, copyright_file, ctx.settings.license_dep5_policy, policy) for r in rows]
     key_by_path = dict(zip(kept.column("path").to_pylist(), kept.column("doc_key").to_pylist()))
     cols = {f.name: [] for f in LICENSE_SCHEMA}
     for r in rows:
         cols["doc_key"].append(key_by_path[r["path"]])
         cols["source"].append(ctx.source.name)
-        for k in ("path", "spdx_expression", "license_class", "decision", "reason", "origin", "license_file"):
+        for k in LICENSE_SCHEMA.names[2:]:
             cols[k].append(r.get(k))
     table = pa.table(cols, schema=LICENSE_SCHEMA)
     figures = {"files_in": table.num_rows, "files_out": int(sum(1 for d in cols["decision"] if d != "refuse")),
                "classes": value_counts(table.column("license_class")), "decisions": value_counts(table.column("decision")),
                "origins": value_counts(table.column("origin")), "expressions": value_counts(table.column("spdx_expression")),
-               "scancode_runs": scanner.scans, "scancode_cache_hits": scanner.cache_hits}
+               "scancode_runs": scanner.scans, "scancode_cache_hits": scanner.cache_hits,
+               "dep5": dep5.summary(rows, copyright_file)}
     return Result({"license": table}, figures)
 
 
@@ -82,10 +97,10 @@ def every_file_decided(g):
 
 
 STAGE = Stage(
-    name="license", asset="license_files", partitioning=Partitioning.REVISION, compute=compute, code_version="1",
+    name="license", asset="license_files", partitioning=Partitioning.REVISION, compute=compute, code_version="2",
     description="Stage 2: ScanCode license detection; SPDX expression, class and decision per file.",
     inputs=(catalog.SOURCE_FILES, catalog.QUALITY_KEPT), outputs=(catalog.LICENSE,), settings=SETTINGS,
     gates=(every_file_decided,), tools={"scancode": shared_scanner},
     figures=("files_in", "files_out", "classes", "decisions", "origins", "expressions", "scancode_runs",
-             "scancode_cache_hits"),
+             "scancode_cache_hits", "dep5"),
 )
