@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import os
 import tarfile
 from pathlib import Path
 
