@@ -54,7 +54,10 @@ Context exemptions of the generic rule (never of the format rules):
 * a token on a line (or right under a line) labelled as test data
   (:data:`TEST_LABEL`: ``test vector``, ``expected``, ``digest``, ``sha256``, ``md5``,
   ``base64``, ...) is a fixture;
-* a ``/``-separated path whose parts are words (``rapidfuzz/distance/LCSseq``).
+* a ``/``-separated path whose parts are words (``rapidfuzz/distance/LCSseq``);
+* public key material: the body of an armored block that is not private
+  (``-----BEGIN CERTIFICATE-----``, ``PUBLIC KEY``, ``PGP SIGNATURE``, ...) and OpenSSH
+  public keys (``ssh-rsa AAAA...``).
 
 Why no ready-made entropy detector: detect-secrets' ``Base64HighEntropyString`` looks
 only at quoted strings with one fixed limit (4.5 bits/char), which misses random
@@ -207,7 +210,8 @@ FORMAT_RULES: tuple[tuple[str, tuple[str, ...], str, bool], ...] = (
     ("azure_storage_key", ("AccountKey=", "SharedAccessKey="),
      r"(?:AccountKey|SharedAccessKey)=(?P<s>[A-Za-z0-9+/]{40,}={0,2})", False),
     ("connection_string_password", ("Password=", "password=", "PASSWORD=", "Pwd=", "pwd=", "PWD="),
-     r"(?:Password|password|PASSWORD|Pwd|pwd|PWD)=(?P<s>[^;\s\"'%{}<>$]{3,})(?=[;\s\"']|$)", False),
+     r"(?:Password|password|PASSWORD|Pwd|pwd|PWD)=(?!(?:None|null|NULL|nil|true|false)\b)"
+     r"(?P<s>[^;\s\"'%{}<>$()]{3,})(?=[;\s\"']|$)", False),
     ("aws_secret_key", ("aws", "AWS", "Aws"),
      r"(?i:aws).{0,20}?(?i:key|pwd|pw|password|pass|token).{0,20}?['\"](?P<s>[0-9a-zA-Z/+]{40})['\"]", False),
 )
@@ -301,7 +305,7 @@ def format_spans(text: str) -> list[tuple[int, int, str]]:
 # --------------------------------------------------------------------------- generic
 
 #: Candidate runs of the base64 / base64url alphabet with ``=`` padding.
-_RUN = re.compile(r"(?<![A-Za-z0-9+/_=-])[A-Za-z0-9+/_-]{%d,}={0,3}" % GENERIC_MIN_LEN)
+_RUN = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{%d,}={0,3}" % GENERIC_MIN_LEN)
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -318,8 +322,15 @@ _CODE_LEX = re.compile(
     r"|(?P<id>[A-Za-z_]\w{2,})",
     re.M,
 )
-#: Characters after an identifier that make it code even as an assigned value.
-_CODE_AFTER = frozenset("(;,)[.")
+#: Characters after an identifier that make it code even as an assigned value (a
+#: config value ends its line, or is followed by ``&`` or a quote).
+_CODE_AFTER = frozenset("(;,)[.*%|^<>?")
+#: Operators that make a value code when a space stands before them (``x = kMax + 1``);
+#: inside a base64 key ``+ - /`` follow a character directly.
+_SPACED_OPERATORS = frozenset("+-/&=")
+#: Syntactic name references in prose: ``name(``, a backquoted ```name```, ``::name``,
+#: ``->name``, ``.name``.
+_NAME_REFERENCE_BEFORE = ("`", "::", "->", ".")
 #: Labels of test data on the token's line or the line above (case-insensitive words).
 TEST_LABEL = re.compile(
     r"(?i)(?<![a-z])(?:test[ _-]?vectors?|known[ _-]?answers?|kat|expected|expect|digest|checksum|hash"
@@ -329,10 +340,11 @@ TEST_LABEL = re.compile(
 
 def code_names(text: str) -> frozenset[str]:
     """Identifiers (3+ characters) used in code in ``text``: outside comments, string and
-    character literals. A value position -- the value of a ``#define NAME VALUE`` line, or
-    right after ``=`` or a single ``:`` (how config values stand) -- counts only when the
-    identifier holds ``_`` (C naming; random keys of the base64 alphabets rarely do) or is
-    followed by one of ``( ; , ) [ .`` (a call, a statement, an argument)."""
+    character literals. A value right after ``=`` or a single ``:`` (how config values
+    stand) counts only when followed by one of ``( ; , ) [ . * % | ^ < > ?`` (a call, a statement, an argument,
+    an operand; not ``+ - /``, which base64 keys hold); the value of a ``#define NAME
+    VALUE`` line counts when it holds ``_`` (C naming; random base62 keys never do) or is
+    so followed."""
     names = set()
     value_next = False
     n = len(text)
@@ -345,25 +357,31 @@ def code_names(text: str) -> frozenset[str]:
             value_next = False
             continue
         tok = m.group("id")
-        is_value, value_next = value_next, False
-        if not is_value:
-            j = m.start() - 1
-            while j >= 0 and text[j] in " \t":
-                j -= 1
-            prev = text[j] if j >= 0 else ""
-            is_value = (prev == "=" and text[j - 1 : j] not in ("=", "!", "<", ">")) or (
-                prev == ":" and text[j - 1 : j] != ":")
-        if is_value and "_" not in tok:
+        in_define, value_next = value_next, False
+        j = m.start() - 1
+        while j >= 0 and text[j] in " \t":
+            j -= 1
+        prev = text[j] if j >= 0 else ""
+        assigned = (prev == "=" and text[j - 1 : j] not in ("=", "!", "<", ">")) or (
+            prev == ":" and text[j - 1 : j] != ":")
+        if (in_define and "_" not in tok) or assigned:
             k = m.end()
             while k < n and text[k] in " \t":
                 k += 1
-            if k >= n or text[k] not in _CODE_AFTER:
+            after = text[k] if k < n else ""
+            if not (after and (after in _CODE_AFTER or (k > m.end() and after in _SPACED_OPERATORS))):
                 continue
         names.add(tok)
     return frozenset(names)
 
 
 _SPLIT_OPS = re.compile(r"[+/-]")
+
+
+def _name_reference(text: str, s: int, e: int) -> bool:
+    """An identifier written as a reference to code: called (``name(``), backquoted
+    (```name```), or after ``::``, ``->`` or ``.``."""
+    return text[e : e + 1] in ("(", "`") or text[max(0, s - 2) : s].endswith(_NAME_REFERENCE_BEFORE)
 
 
 def _name_family(tok: str, names: frozenset[str]) -> bool:
@@ -378,11 +396,12 @@ def _name_family(tok: str, names: frozenset[str]) -> bool:
 
 
 def _code_expression(tok: str, names: frozenset[str]) -> bool:
-    """``match+LZ4_DISTANCE_MAX``: identifiers/numbers joined by ``+ - /``, one of them a
-    code name of the text."""
+    """``match+LZ4_DISTANCE_MAX``: numbers and code names of the text joined by ``+ - /``,
+    each name of 8+ characters mostly words (:func:`structure_fraction` >= 0.5), so that
+    a base64 key that the C lexer splits at ``+`` and ``/`` is not taken for one."""
     parts = [p for p in _SPLIT_OPS.split(tok) if p]
-    return len(parts) >= 2 and all(_IDENT.fullmatch(p) or p.isdigit() for p in parts) and any(
-        p in names for p in parts)
+    return len(parts) >= 2 and all(
+        p.isdigit() or (p in names and (len(p) < 8 or structure_fraction(p) >= 0.5)) for p in parts)
 
 
 def _labelled(text: str, start: int) -> bool:
@@ -404,6 +423,22 @@ def generic_candidates(text: str, margin: float = 0.0) -> list[tuple[int, int]]:
     return out
 
 
+#: Armored blocks whose base64 body is public (certificates, public keys, signatures):
+#: any ``-----BEGIN X-----`` ... ``-----END X-----`` whose label has no ``PRIVATE``.
+_ARMOR = re.compile(r"-----BEGIN ((?:(?!PRIVATE)[A-Z0-9 ])+)-----[\s\S]{0,65536}?-----END \1-----")
+#: OpenSSH public keys (``ssh-rsa AAAA...``): public by definition.
+_SSH_PUBLIC = re.compile(r"(?:ssh-(?:rsa|dss|ed25519)|ecdsa-sha2-nistp\d+|sk-(?:ssh-ed25519|ecdsa-sha2-nistp256)@openssh\.com)[ \t]+AAAA[A-Za-z0-9+/]+=*")
+
+
+def _public_spans(text: str) -> list[tuple[int, int]]:
+    spans = []
+    if "-----BEGIN " in text:
+        spans += [m.span() for m in _ARMOR.finditer(text)]
+    if "AAAA" in text:
+        spans += [m.span() for m in _SSH_PUBLIC.finditer(text)]
+    return sorted(spans)
+
+
 def generic_spans(text: str, margin: float = 0.0) -> list[tuple[int, int]]:
     """Spans of generic key-like tokens in ``text`` after the context exemptions of the
     module docstring (code names, labelled test data, word paths)."""
@@ -411,13 +446,16 @@ def generic_spans(text: str, margin: float = 0.0) -> list[tuple[int, int]]:
     if not cands:
         return []
     names: frozenset[str] | None = None
+    public = _public_spans(text)
     out = []
     for s, e in cands:
+        if any(ps <= s and e <= pe for ps, pe in public):
+            continue
         tok = text[s:e].rstrip("=")
         if _IDENT.fullmatch(tok) or (_SPLIT_OPS.search(tok) and _IDENT.match(tok)):
             if names is None:
                 names = code_names(text)
-            if tok in names or _code_expression(tok, names) or _name_family(tok, names):
+            if tok in names or _code_expression(tok, names) or _name_family(tok, names) or _name_reference(text, s, e):
                 continue
         if _labelled(text, s):
             continue

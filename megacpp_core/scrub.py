@@ -106,6 +106,12 @@ _ASSIGN = re.compile(
     r"(?i)\b\w*?(?:api[_-]?key|secret|token|passwd|password|private[_-]?key|access[_-]?key)\w*[\"']?"
     r"\s*(?:\[[^\]\n]{0,16}\]\s*)?(?:=>|:=|[:=,(])?\s*(?:u8|[uUL])?([\"'])([A-Za-z0-9_+/=.~-]+)\1"
 )
+#: The same names as a whole config line, value unquoted (``api_key = VALUE``,
+#: ``export API_TOKEN=VALUE``, ``token: VALUE``); group 2 is the value.
+_ASSIGN_LINE = re.compile(
+    r"(?i)[ \t]*(?:export[ \t]+)?()[\w.-]*?(?:api[_-]?key|secret|token|passwd|password|private[_-]?key|access[_-]?key)"
+    r"[\w.-]*[ \t]*[=:][ \t]*([A-Za-z0-9_+/=.~-]{%d,})[ \t]*(?=\r?\n|$)" % SECRET_MIN_LEN
+)
 _SECRET_WORD = re.compile(r"(?i)api[_-]?key|secret|token|passw|private|access")
 #: The words :data:`_ASSIGN` needs (lower case); it is tried only from the start of a
 #: word holding one, found by one Aho-Corasick pass over the lower-cased text.
@@ -135,9 +141,11 @@ def _assign_word_starts(text: str):
 
 def _assignments(text: str) -> list[re.Match]:
     """``_ASSIGN.finditer(text)``, tried only at the words holding a secret word (the
-    same matches: a match starts at the word boundary before its secret word)."""
-    out, done = [], 0
+    same matches: a match starts at the word boundary before its secret word), then
+    :data:`_ASSIGN_LINE` at the start of those words' lines."""
+    out, done, lines = [], 0, set()
     for start in sorted(set(_assign_word_starts(text))):
+        lines.add(text.rfind("\n", 0, start) + 1)
         while start > done and (text[start - 1].isalnum() or text[start - 1] == "_"):
             start -= 1
         if start < done:
@@ -146,6 +154,10 @@ def _assignments(text: str) -> list[re.Match]:
         if m:
             out.append(m)
             done = m.end()
+    for ls in sorted(lines):
+        m = _ASSIGN_LINE.match(text, ls)
+        if m:
+            out.append(m)
     return out
 _EMAIL = re.compile(
     r"(?<![\w.%+-])[A-Za-z0-9](?:[A-Za-z0-9._%+-]{0,63})@"
@@ -187,14 +199,26 @@ class ScrubResult:
     samples: list[dict] = field(default_factory=list)
 
 
+_HEX_VALUE = re.compile(r"[0-9a-fA-F]+")
+
+
 def _key_like(value: str) -> bool:
+    """Value of a secret-named assignment that looks like a key. The entropy bar is
+    :data:`SECRET_MIN_ENTROPY`, lowered for hex values to what random hex of that length
+    reaches (:func:`megacpp_core.keyscan.expected_entropy` over 16 symbols less
+    :func:`megacpp_core.keyscan.entropy_slack`): 32 random hex digits average 3.5
+    bits/char, so gitleaks' 3.5 misses half of them."""
+    n = len(value)
+    bar = SECRET_MIN_ENTROPY
+    if _HEX_VALUE.fullmatch(value):
+        bar = min(bar, keyscan.expected_entropy(n, 16) - keyscan.entropy_slack(n))
     return (
-        len(value) >= SECRET_MIN_LEN
+        n >= SECRET_MIN_LEN
         and not _SECRET_WORD.search(value)
         and any(c.isdigit() for c in value)
         and any(c.isalpha() for c in value)
         and value != REDACTION_MARKERS["secret"]
-        and shannon_entropy(value) >= SECRET_MIN_ENTROPY
+        and shannon_entropy(value) >= bar
     )
 
 
