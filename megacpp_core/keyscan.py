@@ -160,8 +160,10 @@ def random_like(token: str, margin: float = 0.0) -> bool:
 
 
 def _path_like(token: str) -> bool:
-    """``a/b/c`` whose parts (3+ chars) are mostly words or numbers: a path or URL tail."""
-    if "/" not in token:
+    """``a/b/c`` (two slashes or more: one slash splits random base64 into two short
+    parts that are words by chance too often) whose parts (3+ chars) are mostly words
+    or numbers: a path or URL tail."""
+    if token.count("/") < 2:
         return False
     parts = [p for p in token.split("/") if len(p) >= 3]
     if len(parts) < 2:
