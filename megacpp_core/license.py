@@ -5,7 +5,13 @@ Evidence, strongest first, for each candidate file:
 1. ``spdx_header``: an ``SPDX-License-Identifier: <expr>`` line in the file's first
    :data:`SPDX_SCAN_LINES` lines, parsed with ``license_expression``'s SPDX licensing.
 2. ``file_header``: the file's leading comment block (at most :data:`HEADER_MAX_CHARS`
-   characters), scanned with ScanCode once per distinct normalized header.
+   characters), scanned with ScanCode once per distinct normalized header. Three
+   corrections of ScanCode's reading of short notices, each measured on real headers
+   (``bench/license_truth.py``): sentences stating *another* file's license are dropped
+   before the scan (:func:`mentions_other_file`); a detection resting on a match below
+   ScanCode's own clue coverage is re-read sentence by sentence (:meth:`Scanner.scan_text`);
+   a notice that states a choice between licenses ("dual-licensed", "under either") gets
+   the ``OR`` of its matches instead of their ``AND``.
 3. ``directory_license``: license-like files (:func:`is_license_file`) of the nearest
    ancestor directory whose license files yield a detection.
 4. ``default``: nothing found; the class is ``unknown``.
@@ -104,7 +110,7 @@ _GUARD = re.compile(r"#\s*(pragma\s+once|ifndef\s+\w+|define\s+\w+)[ \t]*(?=\n|$
 #: Words found in (nearly) every license notice; a header paragraph without one is not scanned.
 _KEYWORD = re.compile(
     r"(?i)licen[cs]|spdx|public[\s-]*domain|warrant|permission|permitted|distribut|free software"
-    r"|\bgpl|proprietary|confidential|copyleft"
+    r"|\bgpl|proprietary|confidential|copyleft|disclaims?\s+copyright"
 )
 _COPYRIGHT_LINE = re.compile(r"(?i)^(?:portions\s+)?(?:copyright\b|\(c\)|\u00a9)")
 _MARKERS = re.compile(r"^\s*(?:/\*+|\*+/|//+|\*+(?!/))?!?|\*+/\s*$")
@@ -366,14 +372,25 @@ class Scanner:
         libgit2's "distributed under the GNU GPL v2 with a Linking Exception. For full
         terms see the included COPYING file." matches 54 % of an LGPL-2.1+ rule as a
         whole, while its first sentence is an exact GPL-2.0 match.
+
+        A header-size text that states a choice between licenses (:data:`_ALTERNATIVE`:
+        "dual-licensed", "under either", "at your choice") gets the ``OR`` of its matches'
+        licenses rather than ScanCode's ``AND`` of them: libunistring's "It is
+        dual-licensed under "the GNU LGPLv3+ or the GNU GPLv2+". You can redistribute it
+        and/or modify it under either - the terms of the GNU Lesser General Public License
+        ... or - the terms of the GNU General Public License ..." is LGPL-3.0+ *or* GPL-2.0+
+        (SPEC §4: a dual-licensed file takes its most permissive option), not both.
         """
         if cache_key in self.cache:
             self.cache_hits += 1
             return self.cache[cache_key]
         result = self._scancode(text)
         expr = result.get("detected_license_expression_spdx")
-        if len(text) <= HEADER_MAX_CHARS and _has_clue_match(result):
-            expr = self._by_sentence(text)
+        if len(text) <= HEADER_MAX_CHARS:
+            if _has_clue_match(result):
+                expr = self._by_sentence(text)
+            elif _ALTERNATIVE.search(" ".join(text.split())):
+                expr = _either(result) or expr
         self.cache[cache_key] = expr or None
         return self.cache[cache_key]
 
@@ -404,6 +421,23 @@ class Scanner:
         if not text.strip():
             return None
         return self.scan_text(text, hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
+#: Words that state a choice between the licenses a notice names.
+_ALTERNATIVE = re.compile(
+    r"(?i)\bdual[- ]?licen[cs]ed\b|\bunder\s+either\b|\beither\s+under\b|\bat\s+your\s+choice\b"
+    r"|\bchoice\s+of\s+(?:the\s+)?(?:following\s+)?licen[cs]es\b|\bone\s+of\s+the\s+(?:following|above)[\w\s-]*licen[cs]es\b"
+)
+
+
+def _either(result: Mapping) -> str | None:
+    """``OR`` of the distinct license expressions of a ScanCode result's matches
+    (``None`` when fewer than two)."""
+    exprs = sorted({m["license_expression_spdx"] for d in result.get("license_detections") or ()
+                    for m in d.get("matches") or () if m.get("license_expression_spdx")})
+    if len(exprs) < 2:
+        return None
+    return parse_expression(" OR ".join(f"({e})" for e in exprs))
 
 
 @lru_cache(maxsize=1)
