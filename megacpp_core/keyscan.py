@@ -94,10 +94,17 @@ def shannon_entropy(s: str) -> float:
 @lru_cache(maxsize=4096)
 def expected_entropy(n: int, k: int = 64) -> float:
     """Expected plug-in Shannon entropy (bits/char) of ``n`` independent uniform draws
-    from ``k`` symbols: ``log2 n - (k/n) * E[N log2 N]`` with ``N ~ Binomial(n, 1/k)``
-    (exact sum). ``n >= 1``."""
+    from ``k`` symbols: ``log2 n - (k/n) * E[N log2 N]`` with ``N ~ Binomial(n, 1/k)``,
+    summed over ``N`` within 12 standard deviations of its mean (binomial terms in log
+    space, so any ``n`` works). ``n >= 1``."""
     p = 1.0 / k
-    s = sum(math.comb(n, j) * p**j * (1 - p) ** (n - j) * j * math.log2(j) for j in range(2, n + 1))
+    mean, sd = n * p, math.sqrt(n * p * (1 - p))
+    lo, hi = max(2, int(mean - 12 * sd) - 10), min(n, int(mean + 12 * sd) + 10)
+    base = math.lgamma(n + 1)
+    s = 0.0
+    for j in range(lo, hi + 1):
+        logpmf = base - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * math.log(p) + (n - j) * math.log1p(-p)
+        s += math.exp(logpmf) * j * math.log2(j)
     return math.log2(n) - k * s / n
 
 
@@ -177,6 +184,8 @@ def _path_like(token: str) -> bool:
 _B64 = "A-Za-z0-9+/"
 _AZ09 = "A-Za-z0-9"
 #: ``(name, literal prefixes, regex tried at each prefix hit, needs a left boundary)``.
+#: Every repetition is bounded (256 characters for a token, 4-8 KiB for a JWT segment) so
+#: that a text made of one prefix repeated costs at most that bound per hit.
 #: A rule's regex is matched at the prefix's start; group ``s`` (when present) is the
 #: redacted part, else the whole match. Shapes from gitleaks' default rules and
 #: detect-secrets' plugins of the same names; prefixes as published by each issuer.
@@ -189,19 +198,19 @@ FORMAT_RULES: tuple[tuple[str, tuple[str, ...], str, bool], ...] = (
     ("gitlab_token", ("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", "glptt-", "glcbt-", "glimt-", "GR1348941"),
      r"(?:(?:glpat|gldt|glft|glsoat|glrt|glptt|glimt)-|glcbt-(?:[0-9a-fA-F]{2}_)?|GR1348941)[A-Za-z0-9_-]{20,64}", True),
     ("slack_token", ("xoxa-", "xoxb-", "xoxp-", "xoxo-", "xoxs-", "xoxr-", "xoxe-", "xapp-"),
-     r"(?:xox[abposre](?:\.[A-Za-z0-9-]+)?|xapp)-[0-9A-Za-z-]{10,}", True),
+     r"(?:xox[abposre](?:\.[A-Za-z0-9-]{1,64})?|xapp)-[0-9A-Za-z-]{10,256}", True),
     ("slack_webhook", ("https://hooks.slack.com/",),
-     r"https://hooks\.slack\.com/(?:services|workflows)/[A-Za-z0-9_/+-]{20,}", False),
+     r"https://hooks\.slack\.com/(?:services|workflows)/[A-Za-z0-9_/+-]{20,256}", False),
     ("google_api_key", ("AIza",), r"AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])", True),
     ("google_oauth_secret", ("GOCSPX-",), r"GOCSPX-[A-Za-z0-9_-]{28}", True),
     ("stripe_key", ("sk_live_", "rk_live_", "sk_test_", "rk_test_", "sk_prod_", "rk_prod_"),
      r"[rs]k_(?:live|test|prod)_[0-9A-Za-z]{10,99}", True),
-    ("jwt", ("eyJ",), r"eyJ[A-Za-z0-9_=-]{7,}\.[A-Za-z0-9_=-]+(?:\.[A-Za-z0-9_.+/=-]*)?", True),
+    ("jwt", ("eyJ",), r"eyJ[A-Za-z0-9_=-]{7,4096}\.[A-Za-z0-9_=-]{1,8192}(?:\.[A-Za-z0-9_.+/=-]{0,4096})?", True),
     ("npm_token", ("npm_",), r"npm_[A-Za-z0-9]{36}", True),
     ("npmrc_auth", (":_authToken=",), r":_authToken=\s*(?P<s>[^\s\"'`]+)", False),
-    ("pypi_token", ("pypi-AgE",), r"pypi-AgE[A-Za-z0-9_-]{70,}", True),
-    ("openai_key", ("sk-",), r"sk-[A-Za-z0-9_-]*[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9_-]{20,}", True),
-    ("anthropic_key", ("sk-ant-",), r"sk-ant-(?:api|admin)\d\d-[A-Za-z0-9_-]{80,}", True),
+    ("pypi_token", ("pypi-AgE",), r"pypi-AgE[A-Za-z0-9_-]{70,1024}", True),
+    ("openai_key", ("sk-",), r"sk-[A-Za-z0-9_-]{20,160}T3BlbkFJ[A-Za-z0-9_-]{20,160}", True),
+    ("anthropic_key", ("sk-ant-",), r"sk-ant-(?:api|admin)\d\d-[A-Za-z0-9_-]{80,256}", True),
     ("sendgrid_key", ("SG.",), r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}", True),
     ("square_token", ("sq0csp-", "sq0atp-", "EAAA"), r"sq0csp-[0-9A-Za-z\\_-]{43}|sq0atp-[0-9A-Za-z_-]{22}|EAAA[A-Za-z0-9_+=-]{60}", True),
     ("huggingface_token", ("hf_",), r"hf_[A-Za-z]{34}(?![A-Za-z0-9])", True),
@@ -210,17 +219,17 @@ FORMAT_RULES: tuple[tuple[str, tuple[str, ...], str, bool], ...] = (
     ("databricks_token", ("dapi",), r"dapi[a-f0-9]{32}(?:-\d)?(?![A-Za-z0-9])", True),
     ("age_secret_key", ("AGE-SECRET-KEY-1",), r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}", False),
     ("azure_storage_key", ("AccountKey=", "SharedAccessKey="),
-     r"(?:AccountKey|SharedAccessKey)=(?P<s>[A-Za-z0-9+/]{40,}={0,2})", False),
+     r"(?:AccountKey|SharedAccessKey)=(?P<s>[A-Za-z0-9+/]{40,256}={0,2}|[A-Za-z0-9+/=]{88})", False),
     ("connection_string_password", ("Password=", "password=", "PASSWORD=", "Pwd=", "pwd=", "PWD="),
      r"(?:Password|password|PASSWORD|Pwd|pwd|PWD)=(?!(?:None|null|NULL|nil|true|false)\b)"
-     r"(?P<s>[^;\s\"'%{}<>$()]{3,})(?=[;\s\"']|$)", False),
+     r"(?P<s>[^;\s\"'%{}<>$()]{3,256})(?=[;\s\"']|$)", False),
     ("aws_secret_key", ("aws", "AWS", "Aws"),
      r"(?i:aws).{0,20}?(?i:key|pwd|pw|password|pass|token).{0,20}?['\"](?P<s>[0-9a-zA-Z/+]{40})['\"]", False),
 )
 #: Formats without a literal prefix of 3+ characters.
 _TWILIO = re.compile(r"(?<![A-Za-z0-9])(?:AC|SK)[a-z0-9]{32}(?![A-Za-z0-9])")
 #: detect-secrets' ``(?:\s|=|:|"|^)`` left and ``(?:\s|"|$)`` right delimiters.
-_ARTIFACTORY = re.compile(r"A(?:KC[a-zA-Z0-9]{10,}|P[\dABCDEF][a-zA-Z0-9]{8,})(?=[\s\"]|$)")
+_ARTIFACTORY = re.compile(r"A(?:KC[a-zA-Z0-9]{10,256}|P[\dABCDEF][a-zA-Z0-9]{8,256})(?=[\s\"]|$)")
 _ARTIFACTORY_LEFT = frozenset(" \t\r\n\f\v=:\"")
 #: Discord bot token ``[MNO]`` + 23-25, ``.``, 6, ``.``, 27 (found from its last segment).
 _DISCORD_TAIL = re.compile(r"\.[A-Za-z\d_-]{6}\.[A-Za-z\d_-]{27}(?![A-Za-z0-9_-])")
@@ -292,6 +301,8 @@ def format_spans(text: str) -> list[tuple[int, int, str]]:
         for i in idx:
             name, _, _, left = FORMAT_RULES[i]
             if left and before.isalnum():
+                continue
+            if name == "jwt" and text.find(".", start, start + 4100) < 0:
                 continue
             m = regexes[i].match(text, start)
             if m:
@@ -516,8 +527,18 @@ def _strict_plugins() -> tuple:
     return tuple((name, classes[name](), re.compile(STRICT_PREFILTER[name])) for name in STRICT_PLUGINS)
 
 
+#: Longest piece of a line handed to one detect-secrets plugin call, and the overlap of
+#: consecutive pieces of a longer line. Some plugin regexes rescan a whole run from every
+#: start (``eyJ[...]+\\.``), quadratic in the run; lines of kept files are at most 1,000
+#: characters (SPEC §4 quality), so only hostile or generated text is cut.
+STRICT_LINE_WINDOW = 4096
+STRICT_LINE_OVERLAP = 1024
+
+
 def _plugin_matches(text: str, plugin, prefilter: re.Pattern):
-    """``(match, line_offset)`` of the plugin's regexes on each line holding a prefilter hit."""
+    """``(match, offset)`` of the plugin's regexes on each line (or window of a long
+    line, :data:`STRICT_LINE_WINDOW`) holding a prefilter hit, ``offset`` being where
+    the scanned piece starts in ``text``."""
     done = -1
     for hit in prefilter.finditer(text):
         if hit.start() < done:
@@ -525,10 +546,13 @@ def _plugin_matches(text: str, plugin, prefilter: re.Pattern):
         lo = text.rfind("\n", 0, hit.start()) + 1
         hi = text.find("\n", hit.end())
         hi = len(text) if hi < 0 else hi
-        done = hi
-        line = text[lo:hi]
+        if hi - lo > STRICT_LINE_WINDOW:
+            lo = max(lo, hit.start() - STRICT_LINE_OVERLAP)
+            hi = min(hi, lo + STRICT_LINE_WINDOW)
+        done = hi if hi - lo < STRICT_LINE_WINDOW else hi - STRICT_LINE_OVERLAP
+        piece = text[lo:hi]
         for rx in plugin.denylist:
-            for m in rx.finditer(line):
+            for m in rx.finditer(piece):
                 yield m, lo
 
 
@@ -547,13 +571,15 @@ def strict_findings(text: str, marker: str) -> list[tuple[str, str]]:
     and the same context exemptions as the redaction.
     """
     found: list[tuple[int, str, str]] = []
+    seen: set[tuple[int, int, str]] = set()
     for name, plugin, prefilter in _strict_plugins():
         for m, off in _plugin_matches(text, plugin, prefilter):
             rx = m.re
             g = next((i for i in range(1, rx.groups + 1) if m.group(i)), 0) if rx.groups else 0
             value, s, e = m.group(g), m.start(g) + off, m.end(g) + off
-            if not value or marker in value:
+            if not value or marker in value or (s, e, name) in seen:
                 continue
+            seen.add((s, e, name))
             if name == "JwtTokenDetector" and not plugin.is_formally_valid(value):
                 continue
             if name == "PrivateKeyDetector":
