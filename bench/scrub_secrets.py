@@ -30,7 +30,7 @@ thresholds in force.
 
 Usage::
 
-    python bench/scrub_secrets.py [--repeat 3] [--baseline-ref REF]
+    python bench/scrub_secrets.py [--repeat 3] [--baseline-ref REF] [--all-files]
     python bench/scrub_secrets.py --calibrate [--samples 20000]
 """
 
@@ -54,8 +54,10 @@ sys.path.insert(0, str(ROOT))
 from megacpp_core import keyscan, scrub  # noqa: E402
 
 
-def corpus_texts() -> list[tuple[str, str, str]]:
-    """``(source, path, text)`` of the kept files of the default corpus, in order."""
+def corpus_texts(all_files: bool = False) -> list[tuple[str, str, str]]:
+    """``(source, path, text)`` of the kept files of the default corpus, in order (with
+    ``all_files``: every UTF-8 text file of the sdists up to 1 MB instead: docs, tests,
+    Python, JSON fixtures)."""
     from megacpp_core.acquire import acquire_source
     from megacpp_core.manifest import load_manifest
     from megacpp_core.quality import check_file
@@ -64,7 +66,13 @@ def corpus_texts() -> list[tuple[str, str, str]]:
     out = []
     for src in manifest.sources:
         for path, data in acquire_source(src, ROOT / "data" / "cache").files:
-            text, _ = check_file(path, data, manifest.settings)
+            if all_files:
+                try:
+                    text = data.decode("utf-8") if len(data) <= 1_000_000 and b"\0" not in data else None
+                except UnicodeDecodeError:
+                    text = None
+            else:
+                text, _ = check_file(path, data, manifest.settings)
             if text is not None:
                 out.append((src.name, path, text))
     return out
@@ -170,13 +178,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--baseline-ref", default=None)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--all-files", action="store_true", help="every text file of the sdists, not only the kept ones")
     ap.add_argument("--samples", type=int, default=20000)
     args = ap.parse_args(argv)
     if args.calibrate:
         result = calibrate(args.samples)
     else:
         ref = args.baseline_ref or default_baseline_ref()
-        texts = corpus_texts()
+        texts = corpus_texts(args.all_files)
         result = {"baseline_ref": subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, capture_output=True,
                                                  text=True).stdout.strip(), **compare(texts, load_baseline(ref), args.repeat)}
     print(json.dumps(result, indent=1, sort_keys=True, ensure_ascii=False))

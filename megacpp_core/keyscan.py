@@ -31,7 +31,8 @@ fail closed (:class:`megacpp_core.scrub.LeakError`).
 Random-looking, measured rather than guessed (``bench/scrub_secrets.py`` prints the
 figures): a token of ``n`` characters is random-looking when
 
-* it holds an upper-case letter, a lower-case letter and a digit (or ``+``/``/``),
+* it holds an upper-case letter, a lower-case letter and a digit (from 32 characters
+  on, ``+`` or ``/`` will do),
   and is not a hex number (``0x...`` with C suffixes) or a pure hex string: digests,
   hash test vectors and hex lookup tables never match;
 * its Shannon entropy is at least :func:`expected_entropy` ``(n) -`` :func:`entropy_slack`
@@ -147,7 +148,12 @@ def structure_fraction(token: str) -> float:
 _HEX_NUMBER = re.compile(r"(?:0[xX])?[0-9A-Fa-f']+(?:[uU]?[lLzZ]{0,2}|[lLzZ]{0,2}[uU]?)")
 _HAS_LOWER = re.compile(r"[a-z]")
 _HAS_UPPER = re.compile(r"[A-Z]")
-_HAS_DIGIT = re.compile(r"[0-9+/]")
+_HAS_DIGIT = re.compile(r"[0-9]")
+_HAS_B64_SYMBOL = re.compile(r"[+/]")
+#: From this length on a ``+`` or ``/`` stands in for the digit (a random 40-character
+#: base64 key lacks a digit once in a thousand draws; shorter runs with ``/`` and no
+#: digit are mostly prose such as ``NTLM/Negotiate-based``).
+_SYMBOL_FOR_DIGIT_LEN = 32
 
 
 def random_like(token: str, margin: float = 0.0) -> bool:
@@ -155,7 +161,9 @@ def random_like(token: str, margin: float = 0.0) -> bool:
     (see the module docstring). ``margin`` (bits/char) loosens the entropy threshold (the
     re-scan passes :data:`STRICT_MARGIN`)."""
     n = len(token)
-    if n < GENERIC_MIN_LEN or not (_HAS_LOWER.search(token) and _HAS_UPPER.search(token) and _HAS_DIGIT.search(token)):
+    if n < GENERIC_MIN_LEN or not (_HAS_LOWER.search(token) and _HAS_UPPER.search(token)):
+        return False
+    if not (_HAS_DIGIT.search(token) or (n >= _SYMBOL_FOR_DIGIT_LEN and _HAS_B64_SYMBOL.search(token))):
         return False
     if _HEX_NUMBER.fullmatch(token):
         return False

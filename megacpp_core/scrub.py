@@ -18,7 +18,8 @@ matches are dropped):
     digit, none of the secret words itself (``"setAttr-Token-B0Prime"`` is a name), >=
     :data:`SECRET_MIN_LEN` chars, Shannon entropy >= :data:`SECRET_MIN_ENTROPY`
     bits/char, lower for hex values; only the literal's content is replaced, the quotes
-    stay), or unquoted as a whole config line (``api_key = VALUE``); and *generic*
+    stay), or unquoted as a whole config line (``api_key = VALUE``); a name holding
+    ``public`` (``publicKeyToken``) is not a secret name; and *generic*
     random-looking base64/base64url runs of 20+ characters wherever they stand
     (:func:`megacpp_core.keyscan.generic_spans`: shape tests calibrated on random
     tokens, exemptions for code identifiers, labelled test data, word paths and public
@@ -123,6 +124,8 @@ _ASSIGN_LINE = re.compile(
     r"[\w.-]*[ \t]*[=:][ \t]*([A-Za-z0-9_+/=.~-]{%d,})[ \t]*(?=\r?\n|$)" % SECRET_MIN_LEN
 )
 _SECRET_WORD = re.compile(r"(?i)api[_-]?key|secret|token|passw|private|access")
+#: A name saying the value is public (``publicKeyToken``, ``public_api_key``): not a secret.
+_PUBLIC_NAME = re.compile(r"(?i)public")
 #: The words :data:`_ASSIGN` needs (lower case); it is tried only from the start of a
 #: word holding one, found by one Aho-Corasick pass over the lower-cased text.
 _ASSIGN_WORDS = tuple(
@@ -308,7 +311,8 @@ def _spans(text: str) -> list[tuple[int, int, str, str]]:
         [(m.start(), m.end(), "secret", secret) for m in _PEM.finditer(text)],
         _widest([(s, e, "secret", secret) for s, e, _ in keyscan.format_spans(text)]),
         [(m.start(1), m.end(1), "secret", secret) for m in _BASIC_AUTH.finditer(text) if _password(m.group(1))],
-        [(m.start(2), m.end(2), "secret", secret) for m in _assignments(text) if _key_like(m.group(2))],
+        [(m.start(2), m.end(2), "secret", secret) for m in _assignments(text)
+         if _key_like(m.group(2)) and not _PUBLIC_NAME.search(text, m.start(), m.start(2))],
         [(s, e, "secret", secret) for s, e in keyscan.generic_spans(text)],
         [(m.start(), m.end(), "email", REDACTION_MARKERS["email"]) for m in (_EMAIL.finditer(text) if "@" in text else ())],
         [
