@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import types
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,8 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.save_sample:
         args.save_sample.parent.mkdir(parents=True, exist_ok=True)
         with open(args.save_sample, "w", encoding="utf-8") as f:
-            for s in sample:
-                f.write(json.dumps(s, sort_keys=True, ensure_ascii=False) + "\n")
+            f.writelines(json.dumps(s, sort_keys=True, ensure_ascii=False) + "\n" for s in sample)
     print(json.dumps(result, indent=1, sort_keys=True))
     return result
 

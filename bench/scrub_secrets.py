@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import string
 import subprocess
 import sys
@@ -187,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
         ref = args.baseline_ref or default_baseline_ref()
         texts = corpus_texts(args.all_files)
         result = {"baseline_ref": subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, capture_output=True,
-                                                 text=True).stdout.strip(), **compare(texts, load_baseline(ref), args.repeat)}
+                                                 text=True, check=True).stdout.strip(), **compare(texts, load_baseline(ref), args.repeat)}
     print(json.dumps(result, indent=1, sort_keys=True, ensure_ascii=False))
     return result
 

@@ -229,8 +229,8 @@ FORMAT_RULES: tuple[tuple[str, tuple[str, ...], str, bool], ...] = (
     ("azure_storage_key", ("AccountKey=", "SharedAccessKey="),
      r"(?:AccountKey|SharedAccessKey)=(?P<s>[A-Za-z0-9+/]{40,256}={0,2}|[A-Za-z0-9+/=]{88})", False),
     ("connection_string_password", ("Password=", "password=", "PASSWORD=", "Pwd=", "pwd=", "PWD="),
-     r"(?:Password|password|PASSWORD|Pwd|pwd|PWD)=(?!(?:None|null|NULL|nil|true|false)\b)"
-     r"(?P<s>[^;\s\"'%{}<>$()]{3,256})(?=[;\s\"']|$)", False),
+     (r"(?:Password|password|PASSWORD|Pwd|pwd|PWD)=(?!(?:None|null|NULL|nil|true|false)\b)"
+      r"(?P<s>[^;\s\"'%{}<>$()]{3,256})(?=[;\s\"']|$)"), False),
     ("aws_secret_key", ("aws", "AWS", "Aws"),
      r"(?i:aws).{0,20}?(?i:key|pwd|pw|password|pass|token).{0,20}?['\"](?P<s>[0-9a-zA-Z/+]{40})['\"]", False),
 )
@@ -326,7 +326,7 @@ def format_spans(text: str) -> list[tuple[int, int, str]]:
 # --------------------------------------------------------------------------- generic
 
 #: Candidate runs of the base64 / base64url alphabet with ``=`` padding.
-_RUN = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{%d,}={0,3}" % GENERIC_MIN_LEN)
+_RUN = re.compile(rf"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{{{GENERIC_MIN_LEN},}}={{0,3}}")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -341,7 +341,7 @@ _CODE_LEX = re.compile(
     r"//[^\n]*|/\*[\s\S]*?(?:\*/|$(?![\s\S]))|\"(?:\\.|[^\"\\\n])*\"?|'(?:\\.|[^'\\\n])*'?"
     r"|(?P<define>^[ \t]*#[ \t]*define[ \t]+\w+[ \t]+)(?=[A-Za-z_]\w*[ \t]*$)"
     r"|(?P<id>[A-Za-z_]\w{2,})",
-    re.M,
+    re.MULTILINE,
 )
 #: Characters after an identifier that make it code even as an assigned value (a
 #: config value ends its line, or is followed by ``&`` or a quote).

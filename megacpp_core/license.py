@@ -323,7 +323,7 @@ _SENTENCE_END = re.compile(r"(?<=[.;:])\s+(?=[A-Z(])")
 _OTHER_FILE = re.compile(
     r"(?<![\w/.-])(?:[\w.-]+/)*(?!(?:licen[cs]e|copying|notice|readme)\b)[\w-]+"
     r"\.(?:h|hh|hpp|hxx|h\+\+|inl|c|cc|cpp|cxx|c\+\+|py|pyx|rs|go|java|js|s|asm)\b(?![\w/-])",
-    re.I,
+    re.IGNORECASE,
 )
 #: Words by which a sentence speaks of this file (or of parts of it): then it is kept.
 _SELF = re.compile(

@@ -121,7 +121,7 @@ _ASSIGN = re.compile(
 #: ``export API_TOKEN=VALUE``, ``token: VALUE``); group 2 is the value.
 _ASSIGN_LINE = re.compile(
     r"(?i)[ \t]*(?:export[ \t]+)?()[\w.-]*?(?:api[_-]?key|secret|token|passwd|password|private[_-]?key|access[_-]?key)"
-    r"[\w.-]*[ \t]*[=:][ \t]*([A-Za-z0-9_+/=.~-]{%d,})[ \t]*(?=\r?\n|$)" % SECRET_MIN_LEN
+    rf"[\w.-]*[ \t]*[=:][ \t]*([A-Za-z0-9_+/=.~-]{{{SECRET_MIN_LEN},}})[ \t]*(?=\r?\n|$)"
 )
 _SECRET_WORD = re.compile(r"(?i)api[_-]?key|secret|token|passw|private|access")
 #: A name saying the value is public (``publicKeyToken``, ``public_api_key``): not a secret.
@@ -131,7 +131,7 @@ _PUBLIC_NAME = re.compile(r"(?i)public")
 _ASSIGN_WORDS = tuple(
     f"{a}{sep}{b}" for a, b in (("api", "key"), ("private", "key"), ("access", "key")) for sep in ("", "_", "-")
 ) + ("secret", "token", "passwd", "password")
-_ASSIGN_WORD = re.compile("|".join(_ASSIGN_WORDS), re.I)
+_ASSIGN_WORD = re.compile("|".join(_ASSIGN_WORDS), re.IGNORECASE)
 
 
 @lru_cache(maxsize=1)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from megacpp_core import keyscan, scrub
+from megacpp_core import keyscan
 from megacpp_core.scrub import REDACTION_MARKERS, LeakError, find_leaks, scrub_text
 
 SECRET = REDACTION_MARKERS["secret"]
