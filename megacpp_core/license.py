@@ -5,7 +5,13 @@ Evidence, strongest first, for each candidate file:
 1. ``spdx_header``: an ``SPDX-License-Identifier: <expr>`` line in the file's first
    :data:`SPDX_SCAN_LINES` lines, parsed with ``license_expression``'s SPDX licensing.
 2. ``file_header``: the file's leading comment block (at most :data:`HEADER_MAX_CHARS`
-   characters), scanned with ScanCode once per distinct normalized header.
+   characters), scanned with ScanCode once per distinct normalized header. Three
+   corrections of ScanCode's reading of short notices, each measured on real headers
+   (``bench/license_truth.py``): sentences stating *another* file's license are dropped
+   before the scan (:func:`mentions_other_file`); a detection resting on a match below
+   ScanCode's own clue coverage is re-read sentence by sentence (:meth:`Scanner.scan_text`);
+   a notice that states a choice between licenses ("dual-licensed", "under either") gets
+   the ``OR`` of its matches instead of their ``AND``.
 3. ``directory_license``: license-like files (:func:`is_license_file`) of the nearest
    ancestor directory whose license files yield a detection.
 4. ``default``: nothing found; the class is ``unknown``.
@@ -104,7 +110,7 @@ _GUARD = re.compile(r"#\s*(pragma\s+once|ifndef\s+\w+|define\s+\w+)[ \t]*(?=\n|$
 #: Words found in (nearly) every license notice; a header paragraph without one is not scanned.
 _KEYWORD = re.compile(
     r"(?i)licen[cs]|spdx|public[\s-]*domain|warrant|permission|permitted|distribut|free software"
-    r"|\bgpl|proprietary|confidential|copyleft"
+    r"|\bgpl|proprietary|confidential|copyleft|disclaims?\s+copyright"
 )
 _COPYRIGHT_LINE = re.compile(r"(?i)^(?:portions\s+)?(?:copyright\b|\(c\)|\u00a9)")
 _MARKERS = re.compile(r"^\s*(?:/\*+|\*+/|//+|\*+(?!/))?!?|\*+/\s*$")
@@ -285,9 +291,13 @@ def normalize_header(comment: str) -> str:
 
     Per line: comment markers (``/*``, ``*/``, ``//``, leading ``*``) stripped and
     whitespace collapsed; copyright lines without a license keyword dropped (years and
-    holders vary per file, the notice does not). Paragraphs are kept from the first to
-    the last one holding a license keyword (:data:`_KEYWORD`), which trims per-file
-    descriptions around the notice. ``""`` when no paragraph holds a keyword.
+    holders vary per file, the notice does not). Sentences that state the license of
+    *another* file (:func:`mentions_other_file`, e.g. gnutls.h's "The openssl
+    compatibility layer (which is under the GNU GPL license) is in gnutls/openssl.h.")
+    are dropped: a mention of another file's license is not this file's license.
+    Paragraphs are kept from the first to the last one holding a license keyword
+    (:data:`_KEYWORD`), which trims per-file descriptions around the notice. ``""`` when
+    no paragraph holds a keyword.
     """
     paras: list[str] = []
     cur: list[str] = []
@@ -295,12 +305,46 @@ def normalize_header(comment: str) -> str:
         line = " ".join(_MARKERS.sub(" ", raw).split())
         if not line:
             if cur:
-                paras.append("\n".join(cur))
+                paras.append(_drop_other_file_mentions("\n".join(cur)))
             cur = []
         elif not (_COPYRIGHT_LINE.match(line) and not _KEYWORD.search(line)):
             cur.append(line)
+    paras = [p for p in paras if p]
     hits = [i for i, p in enumerate(paras) if _KEYWORD.search(p)]
     return "\n\n".join(paras[hits[0] : hits[-1] + 1]) if hits else ""
+
+
+#: Sentence ends inside a normalized paragraph: ``.``/``;``/``:`` then a space or line
+#: break and an upper-case letter or ``(`` (``v2.1``, ``e.g.`` and ``gnutls/openssl.h``
+#: do not end a sentence).
+_SENTENCE_END = re.compile(r"(?<=[.;:])\s+(?=[A-Z(])")
+#: A source file (optionally with its directory), never a license file:
+#: ``gnutls/openssl.h``, ``foo.c``.
+_OTHER_FILE = re.compile(
+    r"(?<![\w/.-])(?:[\w.-]+/)*(?!(?:licen[cs]e|copying|notice|readme)\b)[\w-]+"
+    r"\.(?:h|hh|hpp|hxx|h\+\+|inl|c|cc|cpp|cxx|c\+\+|py|pyx|rs|go|java|js|s|asm)\b(?![\w/-])",
+    re.IGNORECASE,
+)
+#: Words by which a sentence speaks of this file (or of parts of it): then it is kept.
+_SELF = re.compile(
+    r"(?i)\bth(?:is|ese)\s+(?:file|header|library|program|software|source|code|module|package|work|project)s?\b"
+    r"|\b(?:portions?|parts?|derived|based\s+on|copied|taken\s+from|adapted|contains?)\b"
+)
+
+
+def mentions_other_file(sentence: str) -> bool:
+    """True when ``sentence`` (one sentence of a normalized header) states the license of
+    another file: it holds a license keyword (:data:`_KEYWORD`) and names a source file
+    or path that is not a license file (:data:`_OTHER_FILE`), and does not speak of this
+    file or of parts of it (:data:`_SELF`)."""
+    return bool(_KEYWORD.search(sentence) and _OTHER_FILE.search(sentence) and not _SELF.search(sentence))
+
+
+def _drop_other_file_mentions(paragraph: str) -> str:
+    """``paragraph`` without its other-file sentences (unchanged when there are none)."""
+    parts = _SENTENCE_END.split(paragraph)
+    kept = [p for p in parts if not mentions_other_file(p)]
+    return paragraph if len(kept) == len(parts) else "\n".join(kept)
 
 
 class Scanner:
@@ -318,28 +362,99 @@ class Scanner:
 
     def scan_text(self, text: str, cache_key: str) -> str | None:
         """ScanCode's ``detected_license_expression_spdx`` for ``text`` (``None`` when
-        nothing is detected). ScanCode runs once per distinct ``cache_key``."""
+        nothing is detected). ScanCode runs once per distinct ``cache_key``.
+
+        A text of header size (at most :data:`HEADER_MAX_CHARS`) whose detection rests on
+        a match covering less than ScanCode's own clue threshold of its rule
+        (``licensedcode.detection.CLUES_MATCH_COVERAGE_THR``, 60 %: below it ScanCode
+        calls a match a license *clue*, not a detection) is scanned again sentence by
+        sentence, and the ``AND`` of the sentences' clean detections is used instead:
+        libgit2's "distributed under the GNU GPL v2 with a Linking Exception. For full
+        terms see the included COPYING file." matches 54 % of an LGPL-2.1+ rule as a
+        whole, while its first sentence is an exact GPL-2.0 match.
+
+        A header-size text that states a choice between licenses (:data:`_ALTERNATIVE`:
+        "dual-licensed", "under either", "at your choice") gets the ``OR`` of its matches'
+        licenses rather than ScanCode's ``AND`` of them: libunistring's "It is
+        dual-licensed under "the GNU LGPLv3+ or the GNU GPLv2+". You can redistribute it
+        and/or modify it under either - the terms of the GNU Lesser General Public License
+        ... or - the terms of the GNU General Public License ..." is LGPL-3.0+ *or* GPL-2.0+
+        (SPEC §4: a dual-licensed file takes its most permissive option), not both.
+        """
         if cache_key in self.cache:
             self.cache_hits += 1
             return self.cache[cache_key]
+        result = self._scancode(text)
+        expr = result.get("detected_license_expression_spdx")
+        if len(text) <= HEADER_MAX_CHARS:
+            if _has_clue_match(result):
+                expr = self._by_sentence(text)
+            elif _ALTERNATIVE.search(" ".join(text.split())):
+                expr = _either(result) or expr
+        self.cache[cache_key] = expr or None
+        return self.cache[cache_key]
+
+    def _scancode(self, text: str) -> dict:
         from scancode.api import get_licenses
 
         fd, tmp = tempfile.mkstemp(suffix=".txt")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
-            result = get_licenses(tmp).get("detected_license_expression_spdx")
+            result = get_licenses(tmp)
         finally:
             os.unlink(tmp)
         self.scans += 1
-        self.cache[cache_key] = result or None
-        return self.cache[cache_key]
+        return result
+
+    def _by_sentence(self, text: str) -> str | None:
+        exprs = []
+        for sentence in _SENTENCE_END.split(" ".join(text.split())):
+            result = self._scancode(sentence)
+            expr = result.get("detected_license_expression_spdx")
+            if expr and not _has_clue_match(result):
+                exprs.append(expr)
+        return _combine_and(exprs)
 
     def scan(self, text: str) -> str | None:
         """:meth:`scan_text` keyed by the SHA-256 of ``text``; ``None`` for blank text."""
         if not text.strip():
             return None
         return self.scan_text(text, hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
+#: Words that state a choice between the licenses a notice names.
+_ALTERNATIVE = re.compile(
+    r"(?i)\bdual[- ]?licen[cs]ed\b|\bunder\s+either\b|\beither\s+under\b|\bat\s+your\s+choice\b"
+    r"|\bchoice\s+of\s+(?:the\s+)?(?:following\s+)?licen[cs]es\b|\bone\s+of\s+the\s+(?:following|above)[\w\s-]*licen[cs]es\b"
+)
+
+
+def _either(result: Mapping) -> str | None:
+    """``OR`` of the distinct license expressions of a ScanCode result's matches
+    (``None`` when fewer than two)."""
+    exprs = sorted({m["license_expression_spdx"] for d in result.get("license_detections") or ()
+                    for m in d.get("matches") or () if m.get("license_expression_spdx")})
+    if len(exprs) < 2:
+        return None
+    return parse_expression(" OR ".join(f"({e})" for e in exprs))
+
+
+@lru_cache(maxsize=1)
+def _clue_threshold() -> float:
+    from licensedcode.detection import CLUES_MATCH_COVERAGE_THR
+
+    return float(CLUES_MATCH_COVERAGE_THR)
+
+
+def _has_clue_match(result: Mapping) -> bool:
+    """True when a match of a ScanCode ``get_licenses`` result covers less of its rule
+    than ScanCode's clue threshold."""
+    return any(
+        (m.get("match_coverage") or 0) < _clue_threshold()
+        for d in result.get("license_detections") or ()
+        for m in d.get("matches") or ()
+    )
 
 
 def _header_expression(scanner: Scanner, text: str) -> str | None:

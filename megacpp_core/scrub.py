@@ -6,17 +6,24 @@ matches are dropped):
 ``secret`` -> ``API_KEY_REDACTED``
     PEM private-key blocks (``-----BEGIN ... PRIVATE KEY-----`` through the matching
     ``-----END ...-----``, the whole block, at most :data:`PEM_MAX_CHARS` characters;
-    without an END line, the header and the base64 lines right after it);
-    known token formats (AWS access key ids, GitHub, GitLab, Slack tokens and webhooks,
-    Google API, Stripe live keys, npm, OpenAI, SendGrid, Azure storage account keys, JWTs:
-    the shapes of detect-secrets' detectors of the same names); URL passwords
-    (``scheme://user:PASSWORD@host``); and string literals assigned to a secret-like
-    name (``api_key``, ``secret``, ``token``, ``passwd``, ``password``, ``private_key``,
-    ``access_key``) whose value is
-    key-like (only ``[A-Za-z0-9_+/=.~-]``, at least one letter and one digit, none of
-    the secret words itself (``"setAttr-Token-B0Prime"`` is a name), >=
+    without an END line, the header and the base64 lines right after it; PuTTY key
+    files from their header through the private lines);
+    issuer formats (:data:`megacpp_core.keyscan.FORMAT_RULES`: cloud, GitHub, GitLab,
+    Slack, Stripe, Google, JWT, npm, PyPI, OpenAI, Twilio, ... and connection-string
+    ``Password=``/``AccountKey=`` values); URL passwords (``scheme://user:PASSWORD@host``,
+    detect-secrets' BasicAuthDetector character classes; printf/template placeholders
+    are not passwords); string literals assigned to a secret-like name (``api_key``,
+    ``secret``, ``token``, ``passwd``, ``password``, ``private_key``, ``access_key``)
+    whose value is key-like (only ``[A-Za-z0-9_+/=.~-]``, at least one letter and one
+    digit, none of the secret words itself (``"setAttr-Token-B0Prime"`` is a name), >=
     :data:`SECRET_MIN_LEN` chars, Shannon entropy >= :data:`SECRET_MIN_ENTROPY`
-    bits/char). Only the literal's content is replaced; the quotes stay.
+    bits/char, lower for hex values; only the literal's content is replaced, the quotes
+    stay), or unquoted as a whole config line (``api_key = VALUE``); a name holding
+    ``public`` (``publicKeyToken``) is not a secret name; and *generic*
+    random-looking base64/base64url runs of 20+ characters wherever they stand
+    (:func:`megacpp_core.keyscan.generic_spans`: shape tests calibrated on random
+    tokens, exemptions for code identifiers, labelled test data, word paths and public
+    key material).
 ``email`` -> ``<redacted-email>``
     ``local@domain.tld`` (RFC 5321-ish; a dotted domain ending in a 2-24 letter TLD).
     Copyright-header addresses are redacted too.
@@ -41,24 +48,32 @@ matches are dropped):
     Addresses in :data:`KEEP_ADDRESSES` (unspecified, loopback ``127.0.0.1``/``::1``,
     broadcast and IPv4 netmasks) carry no identity and stay.
 
-Hex constants and hash test vectors (md5/sha hex strings) match no detector. The
-``detect-secrets`` package itself is not used: its ``HexHighEntropyString`` and
-``Base64HighEntropyString`` plugins flag any long hex/base64 literal (every hash test
-vector and many lookup tables of C/C++ code, which must come out byte-identical), and its
-plugins report lines, not the character spans a replacement needs; its format-specific
-detectors are reproduced above as span regexes, and its high-entropy check is applied only
-to values assigned to secret-like names.
-:func:`scrub_text` fails closed: its output is re-scanned with the same detectors and a
-:class:`LeakError` is raised if anything is left.
+Hex constants and hash test vectors (md5/sha hex strings) match no detector.
+:func:`scrub_text` fails closed: its output is re-scanned with the redaction detectors
+*and* an independent, stricter detector set (:func:`megacpp_core.keyscan.strict_findings`:
+detect-secrets' own format plugins, run as that package ships them, plus the generic
+shape test with a looser entropy threshold), and a :class:`LeakError` is raised if
+either finds anything.
+
+Speed: one Aho-Corasick pass (pyahocorasick) finds the literal prefixes of the issuer
+formats and the secret words of the assignment rules, and one regex scan finds the
+base64 runs that the generic rule and the prefix-less formats share; the regexes run
+only where those hit. ``bench/scrub_secrets.py`` measures it against the previous
+revision on the default corpus. google-re2 / hyperscan were not needed: the remaining
+cost is in the e-mail and address detectors and in Python per-hit work, not in the scan.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
-from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
+
+import ahocorasick
+
+from . import keyscan
+from .keyscan import shannon_entropy
 
 #: Replacement per kind (SPEC §4).
 REDACTION_MARKERS = {
@@ -89,30 +104,74 @@ _PEM = re.compile(
     r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY((?: BLOCK)?)-----"
     rf"(?:[\s\S]{{0,{PEM_MAX_CHARS}}}?-----END \1PRIVATE KEY\2-----"
     r"|(?:[ \t]*\r?\n[ \t]*\"?[A-Za-z0-9+/=]{16,}(?:\\n)?\"?[ \t]*,?)*)"  # no END: base64 lines
+    rf"|---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----[\s\S]{{0,{PEM_MAX_CHARS}}}?---- END SSH2 ENCRYPTED PRIVATE KEY ----"
+    r"|PuTTY-User-Key-File-[23]:[^\n]*(?:\r?\n[^\n]*){0,64}?\r?\nPrivate-(?:MAC|Hash):[^\n]*"
 )
-#: Known token formats (prefixes as published by each issuer; shapes after detect-secrets).
-_TOKEN = re.compile(
-    r"\b(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key id
-    r"|\bgh[pousr]_[A-Za-z0-9]{36}\b|\bgithub_pat_[A-Za-z0-9_]{22,}"  # GitHub
-    r"|\bxox[abposr]-[0-9A-Za-z-]{10,}"  # Slack
-    r"|\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"  # Google API key
-    r"|\b[rs]k_live_[0-9A-Za-z]{24,}"  # Stripe live secret / restricted key
-    r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"  # JWT
-    r"|\bglpat-[0-9A-Za-z_-]{20,}"  # GitLab personal access token
-    r"|\bnpm_[A-Za-z0-9]{36}\b"  # npm access token
-    r"|\bsk-(?:proj-)?[A-Za-z0-9_-]{20,}T3BlbkFJ[A-Za-z0-9_-]{20,}"  # OpenAI API key
-    r"|\bSG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])"  # SendGrid API key
-    r"|https://hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/[A-Za-z0-9_]+"  # Slack webhook
-    r"|(?<=AccountKey=)[A-Za-z0-9+/]{86}=="  # Azure storage account key (connection string)
-)
-#: Password of a ``scheme://user:password@host`` URL (detect-secrets' BasicAuthDetector
-#: shape); printf/format placeholders (``%s``, ``{}``) and empty passwords are not secrets.
-_BASIC_AUTH = re.compile(r"(?<=://)[A-Za-z0-9._~+-]+:([^\s{}@/:%\"'<>\\]{3,})@(?=[A-Za-z0-9\[])")
+#: Password of a ``scheme://user:password@host`` URL: any run without spaces, quotes,
+#: ``@ / : < > \\`` (a superset of detect-secrets' BasicAuthDetector classes, which also
+#: leave out RFC 3986 sub-delimiters such as ``$`` and ``*`` that real passwords hold);
+#: printf/template placeholders (``%s``, ``{pw}``, ``${PW}``, ``<pw>``) are not secrets.
+_BASIC_AUTH = re.compile(r"://[^\s:/?#\[\]@\"'<>\\]+:([^\s@/:\"'<>\\]+)@")
+_PLACEHOLDER = re.compile(r"%[-+ #0-9.*]*[a-zA-Z]|\{[^{}]*\}|<[^<>]*>|\$\{?\w+\}?|\*+|x{3,}|X{3,}")
 _ASSIGN = re.compile(
     r"(?i)\b\w*?(?:api[_-]?key|secret|token|passwd|password|private[_-]?key|access[_-]?key)\w*[\"']?"
     r"\s*(?:\[[^\]\n]{0,16}\]\s*)?(?:=>|:=|[:=,(])?\s*(?:u8|[uUL])?([\"'])([A-Za-z0-9_+/=.~-]+)\1"
 )
+#: The same names as a whole config line, value unquoted (``api_key = VALUE``,
+#: ``export API_TOKEN=VALUE``, ``token: VALUE``); group 2 is the value.
+_ASSIGN_LINE = re.compile(
+    r"(?i)[ \t]*(?:export[ \t]+)?()[\w.-]*?(?:api[_-]?key|secret|token|passwd|password|private[_-]?key|access[_-]?key)"
+    rf"[\w.-]*[ \t]*[=:][ \t]*([A-Za-z0-9_+/=.~-]{{{SECRET_MIN_LEN},}})[ \t]*(?=\r?\n|$)"
+)
 _SECRET_WORD = re.compile(r"(?i)api[_-]?key|secret|token|passw|private|access")
+#: A name saying the value is public (``publicKeyToken``, ``public_api_key``): not a secret.
+_PUBLIC_NAME = re.compile(r"(?i)public")
+#: The words :data:`_ASSIGN` needs (lower case); it is tried only from the start of a
+#: word holding one, found by one Aho-Corasick pass over the lower-cased text.
+_ASSIGN_WORDS = tuple(
+    f"{a}{sep}{b}" for a, b in (("api", "key"), ("private", "key"), ("access", "key")) for sep in ("", "_", "-")
+) + ("secret", "token", "passwd", "password")
+_ASSIGN_WORD = re.compile("|".join(_ASSIGN_WORDS), re.IGNORECASE)
+
+
+@lru_cache(maxsize=1)
+def _assign_automaton():
+    auto = ahocorasick.Automaton()
+    for w in _ASSIGN_WORDS:
+        auto.add_word(w, len(w))
+    auto.make_automaton()
+    return auto
+
+
+def _assign_word_starts(text: str):
+    lower = text.lower()
+    if len(lower) != len(text):  # a few non-ASCII letters change length when lower-cased
+        yield from (m.start() for m in _ASSIGN_WORD.finditer(text))
+        return
+    for end, n in _assign_automaton().iter(lower):
+        yield end - n + 1
+
+
+def _assignments(text: str) -> list[re.Match]:
+    """``_ASSIGN.finditer(text)``, tried only at the words holding a secret word (the
+    same matches: a match starts at the word boundary before its secret word), then
+    :data:`_ASSIGN_LINE` at the start of those words' lines."""
+    out, done, lines = [], 0, set()
+    for start in sorted(set(_assign_word_starts(text))):
+        lines.add(text.rfind("\n", 0, start) + 1)
+        while start > done and (text[start - 1].isalnum() or text[start - 1] == "_"):
+            start -= 1
+        if start < done:
+            continue
+        m = _ASSIGN.match(text, start)
+        if m:
+            out.append(m)
+            done = m.end()
+    for ls in sorted(lines):
+        m = _ASSIGN_LINE.match(text, ls)
+        if m:
+            out.append(m)
+    return out
 _EMAIL = re.compile(
     r"(?<![\w.%+-])[A-Za-z0-9](?:[A-Za-z0-9._%+-]{0,63})@"
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![\w-])"
@@ -153,21 +212,42 @@ class ScrubResult:
     samples: list[dict] = field(default_factory=list)
 
 
-def shannon_entropy(s: str) -> float:
-    """Shannon entropy of the character distribution of ``s`` in bits/char (0.0 if empty)."""
-    n = len(s)
-    return -sum(c / n * math.log2(c / n) for c in Counter(s).values()) if n else 0.0
+_HEX_VALUE = re.compile(r"[0-9a-fA-F]+")
 
 
 def _key_like(value: str) -> bool:
+    """Value of a secret-named assignment that looks like a key. The entropy bar is
+    :data:`SECRET_MIN_ENTROPY`, lowered for hex values to what random hex of that length
+    reaches (:func:`megacpp_core.keyscan.expected_entropy` over 16 symbols less
+    :func:`megacpp_core.keyscan.entropy_slack`): 32 random hex digits average 3.5
+    bits/char, so gitleaks' 3.5 misses half of them."""
+    n = len(value)
+    bar = SECRET_MIN_ENTROPY
+    if _HEX_VALUE.fullmatch(value):
+        bar = min(bar, keyscan.expected_entropy(n, 16) - keyscan.entropy_slack(n))
     return (
-        len(value) >= SECRET_MIN_LEN
+        n >= SECRET_MIN_LEN
         and not _SECRET_WORD.search(value)
         and any(c.isdigit() for c in value)
         and any(c.isalpha() for c in value)
         and value != REDACTION_MARKERS["secret"]
-        and shannon_entropy(value) >= SECRET_MIN_ENTROPY
+        and shannon_entropy(value) >= bar
     )
+
+
+def _password(value: str) -> bool:
+    return not (_PLACEHOLDER.fullmatch(value) or value.startswith(("%", "{", "$", "<")) or REDACTION_MARKERS["secret"] in value)
+
+
+def _widest(spans: list[tuple]) -> list[tuple]:
+    """Sorted, overlapping spans merged into their union (one redaction per run)."""
+    out: list[tuple] = []
+    for sp in spans:
+        if out and sp[0] < out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], sp[1]), *out[-1][2:])
+        else:
+            out.append(sp)
+    return out
 
 
 def _ipv6_ok(token: str) -> bool:
@@ -229,13 +309,15 @@ def _spans(text: str) -> list[tuple[int, int, str, str]]:
             v6.append((m.start(), end, "network_address", net))
     passes = [
         [(m.start(), m.end(), "secret", secret) for m in _PEM.finditer(text)],
-        [(m.start(), m.end(), "secret", secret) for m in _TOKEN.finditer(text)],
-        [(m.start(1), m.end(1), "secret", secret) for m in _BASIC_AUTH.finditer(text)],
-        [(m.start(2), m.end(2), "secret", secret) for m in _ASSIGN.finditer(text) if _key_like(m.group(2))],
-        [(m.start(), m.end(), "email", REDACTION_MARKERS["email"]) for m in _EMAIL.finditer(text)],
+        _widest([(s, e, "secret", secret) for s, e, _ in keyscan.format_spans(text)]),
+        [(m.start(1), m.end(1), "secret", secret) for m in _BASIC_AUTH.finditer(text) if _password(m.group(1))],
+        [(m.start(2), m.end(2), "secret", secret) for m in _assignments(text)
+         if _key_like(m.group(2)) and not _PUBLIC_NAME.search(text, m.start(), m.start(2))],
+        [(s, e, "secret", secret) for s, e in keyscan.generic_spans(text)],
+        [(m.start(), m.end(), "email", REDACTION_MARKERS["email"]) for m in (_EMAIL.finditer(text) if "@" in text else ())],
         [
             (m.start(), m.end(), "home_path", home if m.group(1) or m.group(3) else home[:-1])
-            for m in _HOME.finditer(text)
+            for m in (_HOME.finditer(text) if "home/" in text or "Users" in text else ())
         ],
         v6,
         [(m.start(), m.end(), "network_address", net) for m in _V4.finditer(text) if _ipv4_ok(text, m)],
@@ -247,9 +329,19 @@ def _spans(text: str) -> list[tuple[int, int, str, str]]:
 
 
 def find_leaks(text: str) -> list[tuple[str, str]]:
-    """``(kind, matched_text)`` for every detector match in ``text``, in text order.
-    Redaction markers never count. Empty on properly scrubbed text."""
-    return [(kind, text[s:e]) for s, e, kind, _ in _spans(text)]
+    """``(kind, matched_text)`` for everything in ``text`` that either the redaction
+    detectors or the stricter re-scan (:func:`megacpp_core.keyscan.strict_findings`,
+    reported as kind ``secret``) flag, in text order. Redaction markers never count.
+    Empty on properly scrubbed text."""
+    leaks = [(s, kind, text[s:e]) for s, e, kind, _ in _spans(text)]
+    seen = {v for _, k, v in leaks if k == "secret"}
+    pos = 0
+    for _, value in keyscan.strict_findings(text, REDACTION_MARKERS["secret"]):
+        if value not in seen:
+            at = text.find(value, pos)
+            leaks.append((at if at >= 0 else len(text), "secret", value))
+    leaks.sort(key=lambda x: x[0])
+    return [(kind, v) for _, kind, v in leaks]
 
 
 def scrub_text(text: str, max_samples: int = 3) -> ScrubResult:
