@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from megacpp_core import keyscan, scrub  # noqa: E402
+from megacpp_core import keyscan, leak_rescan, scrub  # noqa: E402
 
 
 def corpus_texts(all_files: bool = False) -> list[tuple[str, str, str]]:
@@ -142,7 +142,7 @@ def compare(texts, base, repeat: int) -> dict:
     res["diff"] = {"files_changed": files_changed, "files_total": len(texts), "chars_changed": chars,
                    "new_only": new_only, "baseline_only": base_only}
     marker = scrub.REDACTION_MARKERS["secret"]
-    left = sum(len(keyscan.strict_findings(scrub.scrub_text(t).text, marker)) for _, _, t in texts)
+    left = sum(len(leak_rescan.strict_findings(scrub.scrub_text(t).text, marker)) for _, _, t in texts)
     margin = []
     for source, path, text in texts:
         strict = set(keyscan.generic_spans(text, keyscan.STRICT_MARGIN)) - set(keyscan.generic_spans(text))

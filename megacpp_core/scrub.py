@@ -50,7 +50,7 @@ matches are dropped):
 
 Hex constants and hash test vectors (md5/sha hex strings) match no detector.
 :func:`scrub_text` fails closed: its output is re-scanned with the redaction detectors
-*and* an independent, stricter detector set (:func:`megacpp_core.keyscan.strict_findings`:
+*and* an independent, stricter detector set (:func:`megacpp_core.leak_rescan.strict_findings`:
 detect-secrets' own format plugins, run as that package ships them, plus the generic
 shape test with a looser entropy threshold), and a :class:`LeakError` is raised if
 either finds anything.
@@ -72,7 +72,7 @@ from functools import lru_cache
 
 import ahocorasick
 
-from . import keyscan
+from . import keyscan, leak_rescan
 from .keyscan import shannon_entropy
 
 #: Replacement per kind (SPEC §4).
@@ -330,13 +330,13 @@ def _spans(text: str) -> list[tuple[int, int, str, str]]:
 
 def find_leaks(text: str) -> list[tuple[str, str]]:
     """``(kind, matched_text)`` for everything in ``text`` that either the redaction
-    detectors or the stricter re-scan (:func:`megacpp_core.keyscan.strict_findings`,
+    detectors or the stricter re-scan (:func:`megacpp_core.leak_rescan.strict_findings`,
     reported as kind ``secret``) flag, in text order. Redaction markers never count.
     Empty on properly scrubbed text."""
     leaks = [(s, kind, text[s:e]) for s, e, kind, _ in _spans(text)]
     seen = {v for _, k, v in leaks if k == "secret"}
     pos = 0
-    for _, value in keyscan.strict_findings(text, REDACTION_MARKERS["secret"]):
+    for _, value in leak_rescan.strict_findings(text, REDACTION_MARKERS["secret"]):
         if value not in seen:
             at = text.find(value, pos)
             leaks.append((at if at >= 0 else len(text), "secret", value))

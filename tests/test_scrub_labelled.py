@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from megacpp_core import keyscan
+from megacpp_core import leak_rescan
 from megacpp_core.scrub import REDACTION_MARKERS, find_leaks, scrub_text
 
 DATA = Path(__file__).parent / "data" / "scrub_labelled.jsonl"
@@ -99,7 +99,7 @@ def test_rescan_is_independent_of_the_redaction_rules(records):
     for r in records:
         if r["label"] != "secret":
             continue
-        names = {name for name, _ in keyscan.strict_findings(r["text"], marker)}
+        names = {name for name, _ in leak_rescan.strict_findings(r["text"], marker)}
         if r["family"] in DETECT_SECRETS_FAMILIES:
             assert names - {"GenericHighEntropy"}, (r["id"], r["family"], r["context"])
         if r["family"].startswith("generic_") or r["family"] == "aws_secret_access_key":

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from megacpp_core import keyscan
+from megacpp_core import keyscan, leak_rescan
 from megacpp_core.scrub import REDACTION_MARKERS, LeakError, find_leaks, scrub_text
 
 SECRET = REDACTION_MARKERS["secret"]
@@ -75,9 +75,9 @@ def test_fail_closed_when_redaction_threshold_slips(monkeypatch):
 
 
 def test_rescan_findings_name_the_detector_not_only_the_kind():
-    found = keyscan.strict_findings(f'k = "AKIAQX7ZK2M4N6P8R3T5"; s = "{KEY40}";', SECRET)
+    found = leak_rescan.strict_findings(f'k = "AKIAQX7ZK2M4N6P8R3T5"; s = "{KEY40}";', SECRET)
     assert [name for name, _ in found] == ["AWSKeyDetector", "GenericHighEntropy"]
-    assert keyscan.strict_findings(f'k = "{SECRET}"; url = "%s://%s:%s@%s";', SECRET) == []
+    assert leak_rescan.strict_findings(f'k = "{SECRET}"; url = "%s://%s:%s@%s";', SECRET) == []
 
 
 @pytest.mark.parametrize("text, secrets", [

@@ -73,7 +73,7 @@ def rescan_finds_nothing(g):
 
 
 STAGE = Stage(
-    name="scrub", asset="scrubbed_files", partitioning=Partitioning.REVISION, compute=compute, code_version="1",
+    name="scrub", asset="scrubbed_files", partitioning=Partitioning.REVISION, compute=compute, code_version="2",
     description="Stage 3: PII and secret scrub of license-accepted files; fail-closed re-scan.",
     inputs=(catalog.QUALITY_KEPT, catalog.LICENSE, catalog.SOURCE_FILES), outputs=(catalog.SCRUBBED,),
     gates=(no_refused_license_downstream, rescan_finds_nothing),
