@@ -11,6 +11,7 @@ or manifest error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -64,10 +65,38 @@ def prepare_environment(data_root: str | None) -> tuple["DataRoot", Path]:
     os.environ["MEGACPP_DATA_ROOT"] = loc
     home = Path(os.environ.get("DAGSTER_HOME") or state / "dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():
-        (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    if not (home / "dagster.yaml").exists():  # atomic: a concurrent run never reads half of it
+        tmp = home / f"dagster.yaml.tmp-{os.getpid()}"
+        tmp.write_text(DAGSTER_YAML)
+        os.replace(tmp, home / "dagster.yaml")
     os.environ["DAGSTER_HOME"] = str(home)
     return open_root(loc), home
+
+
+@contextlib.contextmanager
+def run_lock(path: Path, what: str):
+    """Hold an exclusive lock on ``path`` (``fcntl.flock``, released by the kernel when the
+    process ends, even on SIGKILL) for the whole run. A second ``megacpp run`` on the same
+    data root and Dagster home waits for the first with a message naming its pid, then
+    finds the snapshot current: runs serialize instead of racing on the instance's creation
+    or on the outputs."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            print(f"megacpp run: another megacpp run (pid {holder}) is materializing {what}; "
+                  "waiting for it to finish…", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun: bool = False,
@@ -81,14 +110,20 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun
     printed. ``rerun`` materializes everything. Pins are checked against the index /
     remote before any run starts (:func:`megacpp_core.acquire.check_pins`).
     ``stages``: the stage declarations to run (default the registry; tests pass a variant,
-    e.g. with one stage's ``code_version`` bumped).
+    e.g. with one stage's ``code_version`` bumped). Runs on the same Dagster home serialize
+    (:func:`run_lock`).
     """
+    root, home = prepare_environment(data_root)
+    with run_lock(home / ".megacpp-run.lock", f"data root {root.url}"):
+        return _run_locked(corpus, root, home, instance, rerun, stages)
+
+
+def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) -> int:
     from megacpp_core.acquire import check_pins
     from megacpp_core.manifest import ManifestError, load_manifest
     from megacpp_core.snapshots import record_manifest
     from megacpp_core.storage import StorageError
 
-    root, home = prepare_environment(data_root)
     try:
         manifest = load_manifest(corpus)
         check_pins(manifest, root.cache_dir)

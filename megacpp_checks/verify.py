@@ -129,7 +129,9 @@ def verify_megatron(
 ) -> VerifyReport:
     """Run the SPEC §7 gate on ``prefix.bin``/``prefix.idx``/``prefix.json``.
 
-    In order: the three files present and non-empty; the index parses (:func:`read_index`);
+    In order: the three files present and non-empty; their sha256 equal the sidecar's
+    ``bin_sha256`` / ``idx_sha256`` (a flipped byte that keeps every id in range is still
+    caught); the index parses (:func:`read_index`);
     ``.bin`` size == sum(lengths) × itemsize; dtype int32 when the vocabulary has ≥ 65,500
     ids (uint16 or int32 below); every id in ``[0, vocab_size)`` (chunked memmap scan); the
     tokenizer file's sha256 matches the sidecar; every document starts with BOS id 2; the
@@ -162,6 +164,13 @@ def verify_megatron(
 
     sidecar = _load_sidecar(s, fail) if present[s] else None
     if sidecar is not None:
+        for path, key in ((b, "bin_sha256"), (x, "idx_sha256")):
+            want = sidecar.get(key)
+            if want is None:
+                skip(f"{key}", "the sidecar records no sha256 (written before payload checksums)")
+            elif present[path] and (got := sha256_file(path)) != want:
+                fail(path, f"sha256 {got} != sidecar {key} {want}: the bytes changed after they were written",
+                     "sha256")
         if vocab_size is not None and vocab_size != sidecar["vocab_size"]:
             fail(s, f"vocab_size {sidecar['vocab_size']} != expected {vocab_size}", "sidecar")
         vocab_size = vocab_size if vocab_size is not None else sidecar["vocab_size"]

@@ -133,12 +133,18 @@ class PackedRowsDataset(torch.utils.data.Dataset):
     CONTRACT_COLUMNS = ("doc_ids", "slack_tokens")
 
     def _load(self, path: Path, parts: dict) -> None:
-        names = pq.read_schema(path).names
-        missing = [c for c in pack.ROW_SCHEMA.names if c not in names]
-        if missing:
-            raise LoaderError(f"{path}: required columns missing: {missing}")
-        core = list(self.CORE_COLUMNS) + (list(self.CONTRACT_COLUMNS) if self.full_contract else [])
-        table = pq.read_table(path, columns=core + [c for c in (*self.planes, *self.structures) if c in names])
+        try:  # pyarrow's own errors name no file ("Unexpected end of stream"): wrap them
+            names = pq.read_schema(path).names
+            missing = [c for c in pack.ROW_SCHEMA.names if c not in names]
+            if missing:
+                raise LoaderError(f"{path}: required columns missing: {missing}")
+            core = list(self.CORE_COLUMNS) + (list(self.CONTRACT_COLUMNS) if self.full_contract else [])
+            table = pq.read_table(path, columns=core + [c for c in (*self.planes, *self.structures) if c in names])
+        except LoaderError:
+            raise
+        except (OSError, pa.ArrowException, ValueError) as e:
+            raise LoaderError(f"{path}: unreadable packed shard ({type(e).__name__}: {e}); "
+                              f"check it with `megacpp verify {path.parent}`") from e
         n, L = table.num_rows, self.L
         where = str(path)
         try:

@@ -265,6 +265,7 @@ def _clear(root: DataRoot, d: Dataset, key: str) -> None:
         root.delete_prefix(key)
     else:
         root.delete(key)
+        root.delete_temporaries(key)
 
 
 def _commit(root: DataRoot, d: Dataset, key: str, value: Any) -> list[Written]:

@@ -48,6 +48,18 @@ METADATA_PREFIX = "megacpp."
 #: fsspec protocols that need an extra package, and the pip extra that installs it.
 _PROTOCOL_EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
 _READ_CHUNK = 1 << 20
+#: Fault injection for the crash-safety tests: a process whose environment sets this to a
+#: substring of a key kills itself with SIGKILL right before committing that key (the
+#: temporary file fully written, the final key not yet there).
+FAULT_KILL_ENV = "MEGACPP_FAULT_KILL_BEFORE_COMMIT"
+
+
+def _fault_point(key: str) -> None:
+    target = os.environ.get(FAULT_KILL_ENV)
+    if target and target in key:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class StorageError(RuntimeError):
@@ -269,6 +281,7 @@ class DataRoot:
             with self.fs.open(self.path(tmp), "wb") as raw:
                 sink = _HashingWriter(raw)
                 yield sink
+            _fault_point(key)
             self._commit(tmp, key)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -314,6 +327,7 @@ class DataRoot:
                     size += len(b)
             dest = Path(self.path(key))
             dest.parent.mkdir(parents=True, exist_ok=True)
+            _fault_point(key)
             os.replace(local, dest)
             return Written(_clean_key(key), h.hexdigest(), size)
         with open(local, "rb") as src, self._atomic(key) as sink:
@@ -325,6 +339,12 @@ class DataRoot:
         with contextlib.suppress(FileNotFoundError):
             if self.exists(key):
                 self.fs.rm(self.path(key))
+
+    def delete_temporaries(self, key: str) -> None:
+        """Remove temporary keys of ``key`` (``KEY.tmp-*``) left by a writer that was killed
+        before it committed (readers never open them; this keeps the root clean)."""
+        for k in self.glob(f"{_clean_key(key)}.tmp-*"):
+            self.delete(k)
 
     def delete_prefix(self, prefix: str) -> None:
         """Remove every file under ``prefix``."""

@@ -105,3 +105,19 @@ def test_megacpp_run_refuses_bad_manifest_with_exit_2(tmp_path, capsys, monkeypa
     assert run_snapshot(str(p), str(tmp_path / "root")) == 2
     err = capsys.readouterr().err
     assert "dup.yaml" in err and "'a'" in err and "field 'name'" in err
+
+
+def test_unknown_keys_are_errors_with_the_nearest_known_key(tmp_path):
+    from megacpp_core.manifest import ManifestError, load_manifest
+
+    src = "sources:\n  - {name: a, kind: local, path: /tmp, label: v1}\n"
+    cases = {"name: s\nsetings: {row_length: 4096}\n" + src: "field 'setings' is not a known top-level key; did you mean 'settings'?",
+             "name: s\nsource: []\n" + src: "did you mean 'sources'?",
+             "name: s\nowner: me\n" + src: "(known: name, schedule, settings, sources, tokenizer)",
+             "name: s\nsettings: {row_lenght: 4096}\n" + src: "settings.row_lenght is not a known setting; did you mean 'row_length'?"}
+    for i, (body, msg) in enumerate(cases.items()):
+        p = tmp_path / f"m{i}.yaml"
+        p.write_text(body)
+        with pytest.raises(ManifestError) as e:
+            load_manifest(p)
+        assert msg in str(e.value) and str(p) in str(e.value)

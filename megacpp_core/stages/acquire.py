@@ -2,8 +2,9 @@
 
 Per repo revision. Output: ``source_files`` (one row per file with provenance and raw
 bytes). The domain logic (kinds, cache, safe extraction) is :mod:`megacpp_core.acquire`;
-nothing from the source is built or run. A fetch, pin or safe-extraction failure raises
-before anything is committed for the partition.
+nothing from the source is built or run. A fetch, pin or safe-extraction failure, or a
+source without a single C/C++ file (an empty directory, an archive of other files),
+raises before anything is committed for the partition.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ from __future__ import annotations
 import pyarrow.compute as pc
 
 from .. import acquire, catalog
-from ..stage import Partitioning, Result, Stage
+from ..stage import Partitioning, Result, Stage, StageError
 from ..tables import value_counts
 
 
 def compute(ctx) -> Result:
     source = ctx.source
     acquired = acquire.acquire_source(source, ctx.cache_dir)
+    if not any(acquire.language_of(p) for p, _ in acquired.files):
+        exts = " ".join(sorted(acquire.LANGUAGE_BY_EXTENSION))
+        raise StageError(f"source {source.name!r} ({source.kind} {acquired.origin}) holds no C/C++ file: "
+                         f"{len(acquired.files)} files, none with an extension of {exts}; refused at stage 0")
     table = acquire.source_files_table(ctx.snapshot, source, acquired)
     figures = {
         "source": source.name, "kind": source.kind, "version": source.version,

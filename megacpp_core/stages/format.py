@@ -67,7 +67,9 @@ def compute(ctx) -> Result:
     tok_file = d / "tokenizer.json"
     tok_file.write_bytes(ctx.input("tokenizer").read_bytes())
     verify.write_sidecar(prefix, vocab_size=info["vocab_size"], tokenizer_path=tok_file, tokenizer_sha256=info["sha256"],
-                         documents_path=docs_file, extra={"export_level": level, "row_length": ctx.settings.row_length})
+                         documents_path=docs_file, extra={"export_level": level, "row_length": ctx.settings.row_length,
+                                                          "bin_sha256": written["bin_sha256"],
+                                                          "idx_sha256": written["idx_sha256"]})
     lines: list[str] = []
     report = verify.verify_megatron(prefix, out=lines.append, tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"])
     if not report.ok:
@@ -91,7 +93,7 @@ def verify_gate(g):
 
 
 STAGE = Stage(
-    name="format", asset="megatron_dataset", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
+    name="format", asset="megatron_dataset", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="2",
     kinds=("megatron",),
     description="Stage 10: Megatron .bin/.idx (int32 ids) and the verify gate.",
     inputs=(catalog.TOKENIZED, catalog.PACKED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),

@@ -21,6 +21,10 @@ from ..stage import Partitioning, Result, Stage, StageError
 def compute(ctx) -> Result:
     kept = ctx.input("kept").read(columns=["doc_key", "text"])
     texts = kept.column("text").to_pylist()
+    if not texts:
+        raise StageError(f"snapshot {ctx.snapshot!r}: no file is left after quality, license, scrub and dedup "
+                         "(the kept set is empty), so there is nothing to train a tokenizer on or to pack; "
+                         "see the exclusions and license decisions of its revisions")
     vocab_size = ctx.settings.vocab_size
     pin = ctx.settings.tokenizer
     if pin is not None:
