@@ -38,22 +38,24 @@ def tokenizer_file(tmp_path_factory):
 
 
 def build(tmp_path, tokenizer_file, *, vocab_size=DECLARED_VOCAB, index_vocab=None,
-          texts=None, tokenizer_sha=None) -> str:
+          texts=None, tokenizer_sha=None, checksums=True) -> str:
     """Write a dataset of SOURCES under ``tmp_path/ds/train`` and return its prefix.
 
     ``index_vocab`` picks the index dtype (default: ``vocab_size``); ``texts`` overrides the
-    parquet's source texts; ``tokenizer_sha`` overrides the sidecar's digest.
+    parquet's source texts; ``tokenizer_sha`` overrides the sidecar's digest; ``checksums``
+    records the payload sha256s in the sidecar, as the format stage does.
     """
     tok = Tokenizer.from_file(str(tokenizer_file))
     tok.encode_special_tokens = True
     docs = [np.array([2, *tok.encode(t).ids], dtype=np.uint32) for t in SOURCES]
     prefix = tmp_path / "ds" / "train"
-    write_indexed_dataset(prefix, docs, index_vocab or vocab_size)
+    written = write_indexed_dataset(prefix, docs, index_vocab or vocab_size)
     texts = texts or SOURCES
     docs_path = write_parquet(pa.table({"doc_key": [f"k{i}" for i in range(len(texts))], "text": texts}),
                               tmp_path / "ds" / "documents.parquet")
+    extra = {"bin_sha256": written["bin_sha256"], "idx_sha256": written["idx_sha256"]} if checksums else None
     write_sidecar(prefix, vocab_size=vocab_size, tokenizer_path=tokenizer_file,
-                  tokenizer_sha256=tokenizer_sha or sha256_file(tokenizer_file), documents_path=docs_path)
+                  tokenizer_sha256=tokenizer_sha or sha256_file(tokenizer_file), documents_path=docs_path, extra=extra)
     return str(prefix)
 
 
@@ -83,6 +85,9 @@ def test_valid_dataset_passes(tmp_path, tokenizer_file):
     assert report.figures["documents"] == len(SOURCES)
     assert report.figures["first_tokens"][0] == 2
     assert report.figures["skipped"] == []
+    # a sidecar written before payload checksums: the two checks are skipped and said so
+    old = verify_megatron(build(tmp_path / "old", tokenizer_file, checksums=False), out=lambda _: None)
+    assert old.ok and old.figures["skipped"] == ["bin_sha256", "idx_sha256"]
 
 
 def test_uint16_allowed_below_cutoff(tmp_path, tokenizer_file):
