@@ -89,3 +89,16 @@ def test_atomic_writes_and_clear_errors_on_s3(s3_env):
         root.write_bytes("../escape", b"")
     with pytest.raises(StorageError, match="no fsspec backend for nosuch://"):
         DataRoot("nosuch://bucket/prefix")
+
+
+@pytest.mark.parametrize("url, extra", [("gs://bucket/prefix", "gcsfs"), ("az://container/prefix", "adlfs")])
+def test_other_object_stores_take_the_same_path(url, extra):
+    """gs:// and az:// go through the same fsspec layer; without their backend installed
+    (the ``gcs`` / ``azure`` extras) the error names the package to install."""
+    import importlib.util
+
+    if importlib.util.find_spec(extra) is None:
+        with pytest.raises(StorageError, match=f"install {extra}"):
+            DataRoot(url)
+    else:
+        assert DataRoot(url).uri("snapshots/x/a.parquet") == f"{url}/snapshots/x/a.parquet"
