@@ -50,7 +50,7 @@ def prepare_environment(data_root: str | None) -> tuple["DataRoot", Path]:
     """
     import hashlib
 
-    from megacpp_core.storage import is_url, open_root
+    from megacpp_core.storage import is_url, local_location, open_root
 
     loc = data_root or os.environ.get("MEGACPP_DATA_ROOT") or "data"
     if is_url(loc):
@@ -59,7 +59,7 @@ def prepare_environment(data_root: str | None) -> tuple["DataRoot", Path]:
                      or Path.home() / ".cache" / "megacpp" / hashlib.sha256(loc.encode()).hexdigest()[:12])
         os.environ.setdefault("MEGACPP_CACHE_DIR", str(state / "cache"))
     else:
-        loc = str(Path(loc).resolve())
+        loc = local_location(loc)  # a path or file:// URL
         Path(loc).mkdir(parents=True, exist_ok=True)
         state = Path(loc)
     os.environ["MEGACPP_DATA_ROOT"] = loc
@@ -79,7 +79,12 @@ def run_lock(path: Path, what: str):
     process ends, even on SIGKILL) for the whole run. A second ``megacpp run`` on the same
     data root and Dagster home waits for the first with a message naming its pid, then
     finds the snapshot current: runs serialize instead of racing on the instance's creation
-    or on the outputs."""
+    or on the outputs.
+
+    The lock is a file of the Dagster home, so it serializes the runs of one machine (or
+    one shared home): ``megacpp run`` processes with different homes on one object-store
+    root, and runs the Dagster daemon launches, do not take it — a deployment serializes
+    those with the instance's run queue (``QueuedRunCoordinator`` in the Helm values)."""
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +120,7 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun
     """
     root, home = prepare_environment(data_root)
     with run_lock(home / ".megacpp-run.lock", f"data root {root.url}"):
+        root.sweep_scratch()
         return _run_locked(corpus, root, home, instance, rerun, stages)
 
 
@@ -248,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run = sub.add_parser("run", help="materialize a whole snapshot through Dagster")
     p_run.add_argument("--corpus", default="default", help="shipped manifest name (corpora/NAME.yaml) or a manifest path")
     p_run.add_argument("--data-root", default=None, help="data root (default $MEGACPP_DATA_ROOT or ./data)")
-    p_run.add_argument("--rerun", action="store_true", help="re-materialize revisions even when already current")
+    p_run.add_argument("--rerun", action="store_true", help="re-materialize every asset of the snapshot (revisions, snapshot stages, the card) even when current")
     p_ver = sub.add_parser("verify", help="verify gate for a Megatron prefix or a packed-shard directory")
     p_ver.add_argument("path")
     p_ins = sub.add_parser("inspect", help="print one packed row decoded")

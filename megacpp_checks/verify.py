@@ -126,12 +126,14 @@ def verify_megatron(
     vocab_size: int | None = None,
     out: Callable[[str], object] = print,
     tokenizer_sha256: str | None = None,
+    require_checksums: bool = False,
 ) -> VerifyReport:
     """Run the SPEC §7 gate on ``prefix.bin``/``prefix.idx``/``prefix.json``.
 
     In order: the three files present and non-empty; their sha256 equal the sidecar's
-    ``bin_sha256`` / ``idx_sha256`` (a flipped byte that keeps every id in range is still
-    caught); the index parses (:func:`read_index`);
+    ``bin_sha256`` / ``idx_sha256`` / ``documents_sha256`` (a flipped byte that keeps every
+    id in range is still caught; ``require_checksums`` makes a sidecar without the first
+    two a failure instead of a skipped check, as the pipeline's own gate does); the index parses (:func:`read_index`);
     ``.bin`` size == sum(lengths) × itemsize; dtype int32 when the vocabulary has ≥ 65,500
     ids (uint16 or int32 below); every id in ``[0, vocab_size)`` (chunked memmap scan); the
     tokenizer file's sha256 matches the sidecar; every document starts with BOS id 2; the
@@ -164,11 +166,16 @@ def verify_megatron(
 
     sidecar = _load_sidecar(s, fail) if present[s] else None
     if sidecar is not None:
-        for path, key in ((b, "bin_sha256"), (x, "idx_sha256")):
+        checked = [(b, "bin_sha256"), (x, "idx_sha256"), (sidecar["documents_path"], "documents_sha256")]
+        for path, key in checked:
             want = sidecar.get(key)
-            if want is None:
+            if want is None and require_checksums and key != "documents_sha256":
+                fail(s, f"the sidecar records no {key}", "sha256")
+            elif want is None:
                 skip(f"{key}", "the sidecar records no sha256 (written before payload checksums)")
-            elif present[path] and (got := sha256_file(path)) != want:
+            elif not Path(path).is_file():
+                continue  # reported by the presence and doc0 checks
+            elif (got := sha256_file(path)) != want:
                 fail(path, f"sha256 {got} != sidecar {key} {want}: the bytes changed after they were written",
                      "sha256")
         if vocab_size is not None and vocab_size != sidecar["vocab_size"]:

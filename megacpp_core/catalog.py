@@ -70,5 +70,5 @@ TOKENIZED = Dataset("tokenized", SNAP, "tokenized/documents.parquet", schema=s_d
                     description="BOS + uint32 ids per document with token-aligned enrichment")
 PACKED = Dataset("packed", SNAP, "packed", kind=Kind.SHARDS,
                  description="packed-row parquet shards (train-*, validation-*) and the _SUCCESS sentinel (SPEC §6)")
-MEGATRON = Dataset("megatron", SNAP, "megatron", kind=Kind.FILES,
-                   description="Megatron .bin/.idx, the sidecar, the documents parquet and the tokenizer (SPEC §7)")
+MEGATRON = Dataset("megatron", SNAP, "megatron", kind=Kind.FILES, marker="{snapshot}_text_document.json",
+                   description="Megatron .bin/.idx, the sidecar (written last), the documents parquet and the tokenizer (SPEC §7)")

@@ -52,9 +52,11 @@ Context exemptions of the generic rule (never of the format rules):
   the same text (outside comments and string literals, not as the value of a
   ``#define NAME VALUE`` line nor right after ``=`` or ``:``) is a name, not a secret,
   also where a comment or string mentions it;
-* a token on a line (or right under a line) labelled as test data
-  (:data:`TEST_LABEL`: ``test vector``, ``expected``, ``digest``, ``sha256``, ``md5``,
-  ``base64``, ...) is a fixture;
+* a token on a line (or right under a line) labelled as test data (:data:`TEST_LABEL`:
+  ``test vector``, ``known answer``, ``expected``, ``fixture``, ...) is a fixture; one
+  labelled as a digest (:data:`DIGEST_LABEL`: ``digest``, ``sha256``, ``md5``, ...) is
+  one only when it has a digest's size (:data:`DIGEST_BYTES`) and no key word
+  (:data:`KEY_WORDS`) labels it too;
 * a ``/``-separated path whose parts are words (``rapidfuzz/distance/LCSseq``);
 * public key material: the body of an armored block that is not private
   (``-----BEGIN CERTIFICATE-----``, ``PUBLIC KEY``, ``PGP SIGNATURE``, ...) and OpenSSH
@@ -352,11 +354,22 @@ _SPACED_OPERATORS = frozenset("+-/&=")
 #: Syntactic name references in prose: ``name(``, a backquoted ```name```, ``::name``,
 #: ``->name``, ``.name``.
 _NAME_REFERENCE_BEFORE = ("`", "::", "->", ".")
-#: Labels of test data on the token's line or the line above (case-insensitive words).
+#: Labels of test data on the token's line or the line above (case-insensitive words):
+#: they exempt any random-looking token. Words saying only what a token *is* ("base64",
+#: "encoded", "key") are not labels: ``// HMAC key (base64)`` heads a key.
 TEST_LABEL = re.compile(
-    r"(?i)(?<![a-z])(?:test[ _-]?vectors?|known[ _-]?answers?|kat|expected|expect|digest|checksum|hash"
-    r"|sha-?(?:1|224|256|384|512)|sha3|md5|crc-?32|base-?64|b64|encoded|decoded|fixture|sample[ _-]?data)(?![a-z])"
+    r"(?i)(?<![a-z])(?:test[ _-]?vectors?|test[ _-]?data|known[ _-]?answers?|kat|expected|expect|fixtures?"
+    r"|sample[ _-]?data|golden)(?![a-z])"
 )
+#: Labels of a digest on the token's line or the line above: they exempt a token only when
+#: its size is a digest's (:data:`DIGEST_BYTES` once base64-decoded).
+DIGEST_LABEL = re.compile(
+    r"(?i)(?<![a-z])(?:digest|checksum|hash|sha-?(?:1|224|256|384|512)|sha3|md5|crc-?32|blake2[bs]?)(?![a-z])"
+)
+#: Words that veto a digest label: ``// SHA-256 HMAC key`` heads a key of a digest's size.
+KEY_WORDS = re.compile(r"(?i)(?<![a-z])(?:key|secret|token|passw(?:or)?d|credentials?|api)(?![a-z])")
+#: Digest sizes in bytes: MD5 16, SHA-1 20, SHA-224 28, SHA-256 32, SHA-384 48, SHA-512 64.
+DIGEST_BYTES = frozenset({16, 20, 28, 32, 48, 64})
 
 
 def code_names(text: str) -> frozenset[str]:
@@ -425,10 +438,18 @@ def _code_expression(tok: str, names: frozenset[str]) -> bool:
         p.isdigit() or (p in names and (len(p) < 8 or structure_fraction(p) >= 0.5)) for p in parts)
 
 
-def _labelled(text: str, start: int) -> bool:
+def _labelled(text: str, start: int, end: int, digests: bool = True) -> bool:
+    """True when the token ``text[start:end]`` is labelled test data (:data:`TEST_LABEL`)
+    or, with ``digests``, a labelled digest of a digest's size (:data:`DIGEST_LABEL`, no
+    :data:`KEY_WORDS` near it) on its line before it or on the line above."""
     line_start = text.rfind("\n", 0, start) + 1
     prev_start = text.rfind("\n", 0, max(0, line_start - 1)) + 1 if line_start else line_start
-    return bool(TEST_LABEL.search(text, prev_start, start))
+    if TEST_LABEL.search(text, prev_start, start):
+        return True
+    if digests and DIGEST_LABEL.search(text, prev_start, start) and not KEY_WORDS.search(text, prev_start, start):
+        body = text[start:end].rstrip("=")
+        return (len(body) * 6) // 8 in DIGEST_BYTES
+    return False
 
 
 def generic_candidates(text: str, margin: float = 0.0) -> list[tuple[int, int]]:
@@ -460,9 +481,10 @@ def _public_spans(text: str) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
-def generic_spans(text: str, margin: float = 0.0) -> list[tuple[int, int]]:
+def generic_spans(text: str, margin: float = 0.0, digest_labels: bool = True) -> list[tuple[int, int]]:
     """Spans of generic key-like tokens in ``text`` after the context exemptions of the
-    module docstring (code names, labelled test data, word paths)."""
+    module docstring (code names, labelled test data, word paths). ``digest_labels``:
+    whether a digest label exempts a digest-sized token."""
     cands = generic_candidates(text, margin)
     if not cands:
         return []
@@ -478,7 +500,7 @@ def generic_spans(text: str, margin: float = 0.0) -> list[tuple[int, int]]:
                 names = code_names(text)
             if tok in names or _code_expression(tok, names) or _name_family(tok, names) or _name_reference(text, s, e):
                 continue
-        if _labelled(text, s):
+        if _labelled(text, s, e, digest_labels):
             continue
         out.append((s, e))
     return out

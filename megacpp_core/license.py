@@ -286,7 +286,7 @@ def leading_comment(text: str) -> str:
     return "\n".join(out)[:HEADER_MAX_CHARS]
 
 
-def normalize_header(comment: str) -> str:
+def normalize_header(comment: str, path: str | None = None) -> str:
     """Scan input (and cache key source) for a leading comment block.
 
     Per line: comment markers (``/*``, ``*/``, ``//``, leading ``*``) stripped and
@@ -294,7 +294,8 @@ def normalize_header(comment: str) -> str:
     holders vary per file, the notice does not). Sentences that state the license of
     *another* file (:func:`mentions_other_file`, e.g. gnutls.h's "The openssl
     compatibility layer (which is under the GNU GPL license) is in gnutls/openssl.h.")
-    are dropped: a mention of another file's license is not this file's license.
+    are dropped: a mention of another file's license is not this file's license (``path``:
+    the file the comment heads, whose own name in a sentence keeps it).
     Paragraphs are kept from the first to the last one holding a license keyword
     (:data:`_KEYWORD`), which trims per-file descriptions around the notice. ``""`` when
     no paragraph holds a keyword.
@@ -305,7 +306,7 @@ def normalize_header(comment: str) -> str:
         line = " ".join(_MARKERS.sub(" ", raw).split())
         if not line:
             if cur:
-                paras.append(_drop_other_file_mentions("\n".join(cur)))
+                paras.append(_drop_other_file_mentions("\n".join(cur), path))
             cur = []
         elif not (_COPYRIGHT_LINE.match(line) and not _KEYWORD.search(line)):
             cur.append(line)
@@ -332,18 +333,23 @@ _SELF = re.compile(
 )
 
 
-def mentions_other_file(sentence: str) -> bool:
+def mentions_other_file(sentence: str, own: str | None = None) -> bool:
     """True when ``sentence`` (one sentence of a normalized header) states the license of
     another file: it holds a license keyword (:data:`_KEYWORD`) and names a source file
-    or path that is not a license file (:data:`_OTHER_FILE`), and does not speak of this
-    file or of parts of it (:data:`_SELF`)."""
-    return bool(_KEYWORD.search(sentence) and _OTHER_FILE.search(sentence) and not _SELF.search(sentence))
+    or path that is not a license file (:data:`_OTHER_FILE`) and is not this file
+    (``own``: its path or base name; ``foo.h is free software…`` in ``foo.h`` is this
+    file's notice), and does not speak of this file or of parts of it (:data:`_SELF`)."""
+    if not _KEYWORD.search(sentence) or _SELF.search(sentence):
+        return False
+    own_name = posixpath.basename(own).lower() if own else None
+    named = [m.group(0) for m in _OTHER_FILE.finditer(sentence)]
+    return any(posixpath.basename(n).lower() != own_name for n in named)
 
 
-def _drop_other_file_mentions(paragraph: str) -> str:
+def _drop_other_file_mentions(paragraph: str, own: str | None = None) -> str:
     """``paragraph`` without its other-file sentences (unchanged when there are none)."""
     parts = _SENTENCE_END.split(paragraph)
-    kept = [p for p in parts if not mentions_other_file(p)]
+    kept = [p for p in parts if not mentions_other_file(p, own)]
     return paragraph if len(kept) == len(parts) else "\n".join(kept)
 
 
@@ -373,9 +379,13 @@ class Scanner:
         terms see the included COPYING file." matches 54 % of an LGPL-2.1+ rule as a
         whole, while its first sentence is an exact GPL-2.0 match.
 
+        The sentence-level reading is used only when its license class is at least as
+        strict as the whole text's (a clue that names a stricter license is never dropped).
+
         A header-size text that states a choice between licenses (:data:`_ALTERNATIVE`:
-        "dual-licensed", "under either", "at your choice") gets the ``OR`` of its matches'
-        licenses rather than ScanCode's ``AND`` of them: libunistring's "It is
+        "dual-licensed", "under either", "at your choice") gets the ``OR`` of the licenses
+        its choice sentences name, ``AND`` whatever its other sentences require, rather than
+        ScanCode's ``AND`` of every match: libunistring's "It is
         dual-licensed under "the GNU LGPLv3+ or the GNU GPLv2+". You can redistribute it
         and/or modify it under either - the terms of the GNU Lesser General Public License
         ... or - the terms of the GNU General Public License ..." is LGPL-3.0+ *or* GPL-2.0+
@@ -388,9 +398,13 @@ class Scanner:
         expr = result.get("detected_license_expression_spdx")
         if len(text) <= HEADER_MAX_CHARS:
             if _has_clue_match(result):
-                expr = self._by_sentence(text)
+                by_sentence = self._by_sentence(text)
+                # never less strict than the whole-text reading (a dropped clue must not
+                # turn "MIT AND GPL" into "MIT")
+                if _rank(by_sentence) >= _rank(expr):
+                    expr = by_sentence
             elif _ALTERNATIVE.search(" ".join(text.split())):
-                expr = _either(result) or expr
+                expr = self._choice(text) or expr
         self.cache[cache_key] = expr or None
         return self.cache[cache_key]
 
@@ -406,6 +420,21 @@ class Scanner:
             os.unlink(tmp)
         self.scans += 1
         return result
+
+    def _choice(self, text: str) -> str | None:
+        """The ``OR`` of the licenses named in the sentences that state a choice
+        (:data:`_ALTERNATIVE`), ``AND`` the licenses that the other sentences grant
+        (:data:`_GRANT`: "licensed under", "distributed under", …; scanned together): an
+        obligation stated outside the choice stays an obligation, while references such
+        as "You should have received a copy of the GNU GPL" are not obligations."""
+        sentences = _SENTENCE_END.split(" ".join(text.split()))
+        chosen = " ".join(x for x in sentences if _ALTERNATIVE.search(x))
+        rest = " ".join(x for x in sentences if not _ALTERNATIVE.search(x) and _GRANT.search(x))
+        either = _either(self._scancode(chosen))
+        if either is None:
+            return None
+        rest_expr = self._scancode(rest).get("detected_license_expression_spdx") if rest.strip() else None
+        return _combine_and([f"({either})"] + ([f"({rest_expr})"] if rest_expr else []))
 
     def _by_sentence(self, text: str) -> str | None:
         exprs = []
@@ -430,6 +459,13 @@ _ALTERNATIVE = re.compile(
 )
 
 
+#: Words by which a sentence grants a license (an obligation, not a reference to one).
+_GRANT = re.compile(
+    r"(?i)\b(?:licen[cs]ed|distributed|released|available|provided|covered|governed|made\s+available)"
+    r"\s+(?:only\s+)?(?:under|by)\b|\bsubject\s+to\s+the\s+(?:terms|conditions)\b"
+)
+
+
 def _either(result: Mapping) -> str | None:
     """``OR`` of the distinct license expressions of a ScanCode result's matches
     (``None`` when fewer than two)."""
@@ -438,6 +474,12 @@ def _either(result: Mapping) -> str | None:
     if len(exprs) < 2:
         return None
     return parse_expression(" OR ".join(f"({e})" for e in exprs))
+
+
+def _rank(expr: str | None) -> int:
+    """Position of ``expr``'s license class in :data:`CLASS_ORDER` under the default
+    policy (higher = stricter; no expression is ``unknown``)."""
+    return _RANK[classify_expression(expr)]
 
 
 @lru_cache(maxsize=1)
@@ -457,8 +499,8 @@ def _has_clue_match(result: Mapping) -> bool:
     )
 
 
-def _header_expression(scanner: Scanner, text: str) -> str | None:
-    return parse_expression(scanner.scan(normalize_header(leading_comment(text))))
+def _header_expression(scanner: Scanner, text: str, path: str | None = None) -> str | None:
+    return parse_expression(scanner.scan(normalize_header(leading_comment(text), path)))
 
 
 def _combine_and(exprs: list[str]) -> str | None:
@@ -535,7 +577,7 @@ def scan_revision(
         text, lic_file = files[path], None
         if expr := spdx_identifier(text):
             origin = "spdx_header"
-        elif _has_license(expr := _header_expression(scanner, text), policy):
+        elif _has_license(expr := _header_expression(scanner, text, path), policy):
             origin = "file_header"
         else:
             expr, lic_file = dir_license(posixpath.dirname(path))

@@ -3,7 +3,9 @@
 :func:`run_stage` resolves the stage's declared inputs under the data root, calls its
 compute, commits its outputs through :class:`~megacpp_core.storage.DataRoot` (every file
 atomically, a sentinel last), persists its figures for the dataset card and evaluates its
-gates on the committed outputs. It returns a :class:`StageResult`: the written files with
+gates once the outputs are committed (a gate may re-read them from the data root with
+``g.read``; schema checks validate the tables the compute returned, which are the bytes
+committed). It returns a :class:`StageResult`: the written files with
 their sha256, the figures, the gate verdicts, the partition's **data version** (a sha256
 over the output files' sha256s: identical outputs give the identical version, so nothing
 downstream goes out of date) and the fingerprint of the stage's settings slice.
@@ -31,7 +33,7 @@ import pyarrow as pa
 from . import layout
 from .manifest import Manifest, Source
 from .stage import Dataset, Files, Kind, Partition, Partitioning, Result, SettingsView, Shards, Stage, StageError, Verdict
-from .storage import DataRoot, Written
+from .storage import DataRoot, MissingOutputError, Written
 
 log = logging.getLogger("megacpp.pipeline")
 
@@ -81,10 +83,13 @@ class InputRef:
         return self._root.uri(self.key)
 
     def exists(self) -> bool:
-        if self.dataset.kind is Kind.SHARDS:
-            return self._root.exists(f"{self.key}/{SUCCESS}")
+        """True when the dataset is committed: its file, or its commit marker (``_SUCCESS``
+        of shards, the marker file of a multi-file dataset)."""
+        marker = self.dataset.marker_key(self.partition)
+        if marker is not None:
+            return self._root.exists(marker)
         if self.dataset.kind is Kind.FILES:
-            return bool(self._root.list(self.key))
+            return bool([k for k in self._root.list(self.key) if ".tmp-" not in k])
         return self._root.exists(self.key)
 
     def read(self, columns: list[str] | None = None) -> pa.Table:
@@ -130,12 +135,14 @@ class InputRef:
     @contextlib.contextmanager
     def local(self, names: list[str] | None = None) -> Iterator[Path]:
         """A local path of the dataset (the file, or a directory holding ``names`` of a
-        directory dataset; every member when ``names`` is None)."""
+        directory dataset; every member when ``names`` is None). Raises
+        :class:`~megacpp_core.storage.MissingOutputError` when there is nothing to copy."""
         if self.dataset.kind in (Kind.FILES, Kind.SHARDS):
             members = [f"{self.key}/{n}" for n in (names if names is not None else self.files())]
+            if not members:
+                raise MissingOutputError(f"{self.uri}: missing (materialize the upstream asset first)")
             with self._root.local_copy(members) as got:
-                first = next(iter(got.values()), None)
-                yield first.parent if first is not None else self._root.local_path(self.key) if self._root.is_local else Path(".")
+                yield next(iter(got.values())).parent
         else:
             with self._root.local_copy([self.key]) as got:
                 yield got[self.key]
@@ -257,18 +264,20 @@ class GateContext:
         return self.ctx.inputs(name)
 
 
-def _clear(root: DataRoot, d: Dataset, key: str) -> None:
-    if d.kind is Kind.SHARDS:
-        root.delete(f"{key}/{SUCCESS}")  # readers first lose the sentinel, then the files
-        root.delete_prefix(key)
-    elif d.kind is Kind.FILES:
+def _clear(root: DataRoot, d: Dataset, partition: Partition) -> None:
+    key = d.key(partition)
+    marker = d.marker_key(partition)
+    if marker is not None:
+        root.delete(marker)  # readers first lose the commit marker, then the files
+    if d.kind in (Kind.SHARDS, Kind.FILES):
         root.delete_prefix(key)
     else:
         root.delete(key)
         root.delete_temporaries(key)
 
 
-def _commit(root: DataRoot, d: Dataset, key: str, value: Any) -> list[Written]:
+def _commit(root: DataRoot, d: Dataset, partition: Partition, value: Any) -> list[Written]:
+    key = d.key(partition)
     if d.kind is Kind.PARQUET:
         if not isinstance(value, pa.Table):
             raise StageError(f"output {d.name}: expected a pyarrow.Table, got {type(value).__name__}")
@@ -294,6 +303,9 @@ def _commit(root: DataRoot, d: Dataset, key: str, value: Any) -> list[Written]:
         if not isinstance(value, Files):
             raise StageError(f"output {d.name}: expected Files, got {type(value).__name__}")
         order = [n for n in sorted(value.files) if n not in value.order] + list(value.order)
+        marker = d.marker_key(partition)
+        if marker is not None and (not order or f"{key}/{order[-1]}" != marker):
+            raise StageError(f"output {d.name}: its commit marker {marker} must be the last file written")
         return [root.put_file(value.files[n], f"{key}/{n}", move=True) for n in order]
     raise StageError(f"output {d.name}: unknown kind {d.kind}")
 
@@ -334,7 +346,8 @@ def run_stage(stage: Stage, root: DataRoot, manifest: Manifest, partition: Parti
 def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition, ctx: StageContext,
          t0: float) -> StageResult:
     for d in stage.outputs:
-        _clear(root, d, d.key(partition))
+        _clear(root, d, partition)
+    root.delete(layout.figures_key(partition.snapshot, stage.name, partition.source))  # no stale figures
     written: dict[str, list[Written]] = {}
     if stage.enabled is not None and not getattr(ctx.settings, stage.enabled):
         result = Result({}, {"enabled": False})
@@ -349,7 +362,7 @@ def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
         if undeclared:
             raise StageError(f"stage {stage.name} reported undeclared figures {undeclared}")
         for d in stage.outputs:
-            written[d.name] = _commit(root, d, d.key(partition), result.outputs[d.name])
+            written[d.name] = _commit(root, d, partition, result.outputs[d.name])
         checks = {}
         gctx = GateContext(ctx, result, written)
         for gate in stage.gates:

@@ -5,7 +5,7 @@ A stage module under :mod:`megacpp_core.stages` declares one :class:`Stage`:
 * its **partitioning** (:class:`Partitioning`: per repo revision, per revision × shard, or
   per snapshot);
 * its **inputs** and **outputs**, each a :class:`Dataset` of the catalog
-  (:mod:`megacpp_core.datasets`) bound to its key template under the data root and, for
+  (:mod:`megacpp_core.catalog`) bound to its key template under the data root and, for
   tables, to its pandera schema;
 * its **settings**: the names of the manifest settings it reads (its slice; reading any
   other setting raises), whose fingerprint is recorded with every materialization;
@@ -89,6 +89,7 @@ class Dataset:
 
     ``path``: key template relative to ``snapshots/SNAPSHOT/`` with ``{source}`` /
     ``{shard}`` fields for revision and shard scope (``revisions/{source}/license.parquet``).
+    Multi-file datasets name their commit ``marker`` (shards: ``_SUCCESS``).
     ``schema``: for parquet tables, ``validate(table) -> (passed, detail)`` (a pandera
     schema of :mod:`megacpp_checks.schemas`); it becomes the blocking check
     ``<name>_schema``. ``description``: what a row (or the file) is.
@@ -100,6 +101,18 @@ class Dataset:
     kind: Kind = Kind.PARQUET
     schema: SchemaCheck | None = None
     description: str = ""
+    #: for a multi-file (``FILES``) dataset, the file that commits it, relative to its
+    #: directory (``{snapshot}`` allowed): readers and freshness check it, and it is
+    #: removed first and written last
+    marker: str | None = None
+
+    def marker_key(self, partition: Partition) -> str | None:
+        """The data-root key of the commit marker (``_SUCCESS`` for shards), or None."""
+        if self.kind is Kind.SHARDS:
+            return f"{self.key(partition)}/_SUCCESS"
+        if self.marker is None:
+            return None
+        return f"{self.key(partition)}/{self.marker.format(snapshot=partition.snapshot)}"
 
     def key(self, partition: Partition) -> str:
         """The data-root key of this dataset for ``partition`` (which must match the scope)."""
@@ -127,7 +140,7 @@ class Files:
 class Shards:
     """A sharded parquet output: ``[(file name, table, extra figures for the file)]`` and
     the sentinel fields; the runner writes every file, then ``_SUCCESS`` with the files'
-    sha256s and sizes (SPEC §6), last."""
+    sha256s (SPEC §6), last."""
 
     files: list[tuple[str, Any, dict]]
     sentinel: dict

@@ -198,21 +198,24 @@ class DataRoot:
 
     def glob(self, pattern: str) -> list[str]:
         """Keys matching a glob ``pattern`` relative to the root (``snapshots/*/manifest.yaml``), sorted."""
-        self._fresh(pattern.split("*", 1)[0].rsplit("/", 1)[0])
+        self._fresh()
         root = self.base + "/"
         return sorted(str(p)[len(root):] for p in self.fs.glob(f"{root}{pattern}"))
 
-    def _fresh(self, key: str) -> None:
+    def _fresh(self, key: str = "") -> None:
         # Another process or pod may have written since this process listed: object-store
-        # backends cache listings per process, so drop them before any existence question.
+        # backends cache listings per process (and share one instance per process), and
+        # invalidating one path keeps the listings below it, so drop them all before any
+        # read or existence question.
         if not self.is_local:
-            self.fs.invalidate_cache(self.path(key))
+            self.fs.invalidate_cache()
 
     def _missing(self, key: str) -> MissingOutputError:
         return MissingOutputError(f"{self.uri(key)}: missing (materialize the upstream asset first)")
 
     def open(self, key: str, mode: str = "rb"):
         """A binary file object for ``key`` (``rb``); raises :class:`MissingOutputError`."""
+        self._fresh(key)
         try:
             return self.fs.open(self.path(key), mode)
         except FileNotFoundError:
@@ -268,8 +271,9 @@ class DataRoot:
     def _commit(self, tmp: str, key: str) -> None:
         if self.is_local:
             os.replace(self.path(tmp), self.path(key))
-        else:
-            self.fs.mv(self.path(tmp), self.path(key))
+        else:  # one object copied server-side, then the temporary one removed (no glob expansion)
+            self.fs.cp_file(self.path(tmp), self.path(key))
+            self.fs.rm_file(self.path(tmp))
 
     @contextlib.contextmanager
     def _atomic(self, key: str) -> Iterator[_HashingWriter]:
@@ -285,7 +289,7 @@ class DataRoot:
             self._commit(tmp, key)
         except BaseException:
             with contextlib.suppress(Exception):
-                self.fs.rm(self.path(tmp))
+                self.fs.rm_file(self.path(tmp))
             raise
 
     def write_bytes(self, key: str, data: bytes) -> Written:
@@ -338,12 +342,13 @@ class DataRoot:
         """Remove ``key`` if present."""
         with contextlib.suppress(FileNotFoundError):
             if self.exists(key):
-                self.fs.rm(self.path(key))
+                self.fs.rm_file(self.path(key))
 
     def delete_temporaries(self, key: str) -> None:
         """Remove temporary keys of ``key`` (``KEY.tmp-*``) left by a writer that was killed
         before it committed (readers never open them; this keeps the root clean)."""
-        for k in self.glob(f"{_clean_key(key)}.tmp-*"):
+        escaped = "".join(f"[{c}]" if c in "*?[]" else c for c in _clean_key(key))
+        for k in self.glob(f"{escaped}.tmp-*"):
             self.delete(k)
 
     def delete_prefix(self, prefix: str) -> None:
@@ -356,21 +361,49 @@ class DataRoot:
     @contextlib.contextmanager
     def scratch(self, prefix: str = "megacpp-") -> Iterator[Path]:
         """A local temporary directory, removed afterwards (under the data root's
-        ``.scratch/`` for a local root, so a commit is a rename; the system temp dir else)."""
+        ``.scratch/`` for a local root, so a commit is a rename; the system temp dir else).
+        Its name starts with this process's pid, so :meth:`sweep_scratch` can remove what a
+        killed process left."""
         base = None
         if self.is_local:
             base = Path(self.url) / ".scratch"
             base.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=prefix, dir=base) as d:
+        with tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-{prefix}", dir=base) as d:
             yield Path(d)
+
+    def sweep_scratch(self) -> int:
+        """Remove the scratch directories of processes that no longer run (a SIGKILLed
+        run leaves its Megatron files or libclang tree there); returns how many."""
+        base = Path(self.url) / ".scratch" if self.is_local else None
+        if base is None or not base.is_dir():
+            return 0
+        removed = 0
+        for d in base.iterdir():
+            pid = d.name.split("-", 1)[0]
+            if not pid.isdigit():
+                continue
+            try:
+                os.kill(int(pid), 0)
+                continue  # still running
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+        return removed
 
     @contextlib.contextmanager
     def local_copy(self, keys: list[str]) -> Iterator[dict[str, Path]]:
         """Local files holding ``keys``: the files themselves on a local root, downloads
         into a scratch directory on an object store (removed afterwards)."""
         if self.is_local:
+            missing = [k for k in keys if not self.exists(k)]
+            if missing:
+                raise self._missing(missing[0])
             yield {k: self.local_path(k) for k in keys}
             return
+        self._fresh()
         with self.scratch("megacpp-copy-") as d:
             out = {}
             for k in keys:
@@ -384,10 +417,19 @@ class DataRoot:
             yield out
 
 
+def local_location(location: str) -> str | None:
+    """The local directory a location names (``file://`` stripped, made absolute), or None
+    for an object-store URL."""
+    if is_url(location):
+        return None
+    loc = location[len("file://"):] if location.startswith("file://") else location
+    return str(Path(loc).expanduser().resolve())
+
+
 def default_location() -> str:
     """``$MEGACPP_DATA_ROOT`` or ``./data`` (a local path made absolute, or a URL as given)."""
     loc = os.environ.get("MEGACPP_DATA_ROOT") or "data"
-    return loc if is_url(loc) else str(Path(loc).resolve())
+    return local_location(loc) or loc
 
 
 def open_root(location: str | os.PathLike | None = None) -> DataRoot:

@@ -102,3 +102,17 @@ def test_changed_bytes_flow_downstream(fresh_tiny):
     todo = plan(instance, STAGES, DataRoot(root), m, Partition("tiny"))
     assert todo[0].asset == "lsh_bands_00_07" and todo[0].reason == "upstream data changed"
     assert {t.asset for t in todo} >= {"dedup_decisions", "tokenizer", "packed_rows", "megatron_dataset"}
+
+
+def test_a_multi_file_output_without_its_commit_marker_is_out_of_date(fresh_tiny):
+    """The Megatron export commits its sidecar last: a directory holding the .bin but not
+    the sidecar (a run killed mid-commit) is not current."""
+    root, instance, _ = fresh_tiny
+    sidecar = root / "snapshots" / "tiny" / "megatron" / "tiny_text_document.json"
+    saved = sidecar.read_bytes()
+    sidecar.unlink()
+    try:
+        todo = plan(instance, STAGES, DataRoot(root), load_manifest("tiny"), Partition("tiny"))
+        assert ("megatron_dataset", "output megatron is missing from the data root") in [(t.asset, t.reason) for t in todo]
+    finally:
+        sidecar.write_bytes(saved)

@@ -104,3 +104,21 @@ def test_normalize_header_drops_only_other_file_sentences():
     assert "GNU GPL license" not in out and "compat/gpl.h" not in out
     plain = "/* Licensed under the MIT license. See LICENSE for details. */"
     assert lic.normalize_header(plain) == "Licensed under the MIT license. See LICENSE for details."
+
+
+@pytest.mark.parametrize("notice, want_class", [
+    # a choice in one sentence does not turn an obligation stated in another into an option
+    ("This file is dual-licensed under the MIT License or the Apache License, Version 2.0.\n"
+     "The assembly routines in this file are licensed under the GNU General Public License version 3 only.", "refused"),
+    # a sentence-level re-read never drops a stricter clue of the whole text
+    ("Licensed under the MIT license.\nSome routines are covered by the GNU GPL.", "refused"),
+])
+def test_rereading_a_notice_is_never_less_strict(scanner, notice, want_class):
+    assert lic.classify_expression(scanner.scan(notice)) == want_class
+
+
+def test_a_notice_naming_its_own_file_is_kept():
+    comment = ("/* foo.h is free software; you can redistribute it and/or modify it under the terms of the GNU "
+               "General Public License version 2. */\n")
+    assert "GNU General Public License version 2" in lic.normalize_header(lic.leading_comment(comment), "include/foo.h")
+    assert lic.normalize_header(lic.leading_comment(comment), "src/bar.h") == ""  # in bar.h it is another file's notice

@@ -102,3 +102,28 @@ def test_other_object_stores_take_the_same_path(url, extra):
             DataRoot(url)
     else:
         assert DataRoot(url).uri("snapshots/x/a.parquet") == f"{url}/snapshots/x/a.parquet"
+
+
+def test_another_clients_writes_are_seen(s3_env):
+    """What another pod writes is visible at once: listings are not served from this
+    process's cache (reads, existence, globs)."""
+    import boto3
+
+    root = DataRoot("s3://megacpp-data/peers")
+    root.write_json("snapshots/s/a/old.json", {"x": 1})
+    assert root.list("snapshots") == ["snapshots/s/a/old.json"] and root.glob("snapshots/*/manifest.yaml") == []
+    other = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL_S3"])
+    other.put_object(Bucket="megacpp-data", Key="peers/snapshots/s/a/new.json", Body=b'{"y": 2}')
+    other.put_object(Bucket="megacpp-data", Key="peers/snapshots/s/manifest.yaml", Body=b"name: s\n")
+    assert root.read_json("snapshots/s/a/new.json") == {"y": 2}
+    assert root.exists("snapshots/s/a/new.json")
+    assert root.glob("snapshots/*/manifest.yaml") == ["snapshots/s/manifest.yaml"]
+    assert "snapshots/s/a/new.json" in root.list("snapshots/s")
+
+
+def test_file_urls_are_local_paths(tmp_path):
+    from megacpp_core.storage import local_location
+
+    assert local_location(f"file://{tmp_path}/x") == str(tmp_path / "x")
+    assert DataRoot(f"file://{tmp_path}/x").is_local and DataRoot(f"file://{tmp_path}/x").url == str(tmp_path / "x")
+    assert local_location("s3://b/p") is None

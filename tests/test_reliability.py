@@ -77,6 +77,7 @@ def test_sigkill_inside_each_kind_of_stage_then_rerun(tiny_run, tmp_path):
     r = _cli(root, home)
     assert r.returncode == 0, r.stderr[-3000:]
     assert not [p for p in snap.rglob("*") if ".tmp-" in p.name]
+    assert not list((root / ".scratch").iterdir())  # the killed runs' scratch directories were swept
     want = {k: v for k, v in _hashes(tiny_run[0]).items() if k not in ("manifest.origin.json",)}
     got = {k: v for k, v in _hashes(root).items() if k not in ("manifest.origin.json",)}
     assert got == want

@@ -104,3 +104,19 @@ def test_expected_entropy_matches_the_large_sample_limit():
     for n in (5000, 100000):
         assert keyscan.expected_entropy(n) == pytest.approx(6 - 63 / (2 * n * math.log(2)), abs=2e-3)
     assert keyscan.expected_entropy(20) == pytest.approx(4.0415, abs=1e-4)
+
+
+def test_a_word_about_the_encoding_does_not_exempt_a_key():
+    """``// HMAC key (base64)`` heads a key, not test data; a labelled digest of a digest's
+    size stays, one of another size does not."""
+    from megacpp_core import scrub
+
+    key = 'static const char kHmacKey[] = "q7Vt0pX9eRz2LmK4wN8sYb1JhG6cF3dA5uT0iO2kQ8M=";\n'
+    assert "q7Vt0pX9" not in scrub.scrub_text("// HMAC key (base64)\n" + key).text
+    digest = 'static const char d[] = "ungWv48Bz+pBQUDeXa4iI7ADYaOWF3qctBD/YfIAFa0=";\n'  # 32 bytes
+    assert "ungWv48B" in scrub.scrub_text('/* SHA-256 of "abc" */\n' + digest).text
+    odd = 'static const char d[] = "ungWv48Bz+pBQUDeXa4iI7ADYaOWF3qctBD/YfIAFa0Xq9Lm";\n'  # 36 bytes
+    assert "ungWv48B" not in scrub.scrub_text('/* SHA-256 of "abc" */\n' + odd).text
+    assert "ungWv48B" not in scrub.scrub_text('/* SHA-256 HMAC key */\n' + digest).text  # a key of a digest's size
+    vector = 'static const char v[] = "q7Vt0pX9eRz2LmK4wN8sYb1JhG6cF3dA5uT0iO2kQ8M=";\n'
+    assert "q7Vt0pX9" in scrub.scrub_text("/* RFC 4231 test vector 3 */\n" + vector).text

@@ -53,7 +53,8 @@ def build(tmp_path, tokenizer_file, *, vocab_size=DECLARED_VOCAB, index_vocab=No
     texts = texts or SOURCES
     docs_path = write_parquet(pa.table({"doc_key": [f"k{i}" for i in range(len(texts))], "text": texts}),
                               tmp_path / "ds" / "documents.parquet")
-    extra = {"bin_sha256": written["bin_sha256"], "idx_sha256": written["idx_sha256"]} if checksums else None
+    extra = ({"bin_sha256": written["bin_sha256"], "idx_sha256": written["idx_sha256"],
+              "documents_sha256": sha256_file(docs_path)} if checksums else None)
     write_sidecar(prefix, vocab_size=vocab_size, tokenizer_path=tokenizer_file,
                   tokenizer_sha256=tokenizer_sha or sha256_file(tokenizer_file), documents_path=docs_path, extra=extra)
     return str(prefix)
@@ -87,7 +88,10 @@ def test_valid_dataset_passes(tmp_path, tokenizer_file):
     assert report.figures["skipped"] == []
     # a sidecar written before payload checksums: the two checks are skipped and said so
     old = verify_megatron(build(tmp_path / "old", tokenizer_file, checksums=False), out=lambda _: None)
-    assert old.ok and old.figures["skipped"] == ["bin_sha256", "idx_sha256"]
+    assert old.ok and old.figures["skipped"] == ["bin_sha256", "idx_sha256", "documents_sha256"]
+    strict = verify_megatron(build(tmp_path / "old2", tokenizer_file, checksums=False), out=lambda _: None,
+                             require_checksums=True)  # the pipeline's own gate requires them
+    assert not strict.ok and any("records no bin_sha256" in f for f in strict.failures)
 
 
 def test_uint16_allowed_below_cutoff(tmp_path, tokenizer_file):

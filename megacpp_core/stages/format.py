@@ -24,7 +24,7 @@ from megacpp_checks import verify
 from .. import catalog, megatron, pack, pack_inputs, snapshot_tokenizer
 from .. import tokenizer as tk
 from ..stage import Files, Partitioning, Result, Stage, StageError
-from ..tables import write_parquet
+from ..tables import sha256_file, write_parquet
 
 EXPORT_LEVELS = ("document", "row")
 SETTINGS = ("megatron_export", "row_length", "fim_rate", "fim_spm_share", "fim_seed", "fim_doc_comment_policy")
@@ -69,7 +69,8 @@ def compute(ctx) -> Result:
     verify.write_sidecar(prefix, vocab_size=info["vocab_size"], tokenizer_path=tok_file, tokenizer_sha256=info["sha256"],
                          documents_path=docs_file, extra={"export_level": level, "row_length": ctx.settings.row_length,
                                                           "bin_sha256": written["bin_sha256"],
-                                                          "idx_sha256": written["idx_sha256"]})
+                                                          "idx_sha256": written["idx_sha256"],
+                                                          "documents_sha256": sha256_file(docs_file)})
     lines: list[str] = []
     report = verify.verify_megatron(prefix, out=lines.append, tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"])
     if not report.ok:
@@ -88,7 +89,7 @@ def verify_gate(g):
     lines: list[str] = []
     with g.output("megatron").local() as d:
         report = verify.verify_megatron(d / name, out=lines.append, tokenizer_sha256=f["tokenizer_sha256"],
-                                        vocab_size=f["vocab_size"])
+                                        vocab_size=f["vocab_size"], require_checksums=True)
     return report.ok, "; ".join(report.failures) or "verify passed"
 
 
