@@ -112,7 +112,11 @@ def test_a_multi_file_output_without_its_commit_marker_is_out_of_date(fresh_tiny
     saved = sidecar.read_bytes()
     sidecar.unlink()
     try:
-        todo = plan(instance, STAGES, DataRoot(root), load_manifest("tiny"), Partition("tiny"))
-        assert ("megatron_dataset", "output megatron is missing from the data root") in [(t.asset, t.reason) for t in todo]
+        from megacpp_assets.freshness import stage_staleness
+        from megacpp_core import stages
+
+        why = stage_staleness(instance, stages.by_name("format"), DataRoot(root), load_manifest("tiny"),
+                              Partition("tiny"), stages.producers())
+        assert why == "output megatron is missing from the data root"
     finally:
         sidecar.write_bytes(saved)
