@@ -16,6 +16,21 @@ PROJECT = Path(__file__).resolve().parent.parent
 SHARED_CACHE = PROJECT / "data" / "cache"
 
 
+@contextlib.contextmanager
+def environ(**values: str):
+    """Set environment variables for a block; the old values (or their absence) come back."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     import socket
@@ -46,18 +61,17 @@ def materialized_tiny(tmp_path_factory, label: str):
     root = make_data_root(tmp_path_factory.mktemp(f"{label}-root"))
     home = tmp_path_factory.mktemp(f"{label}-dagster-home")
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    old = {k: os.environ.get(k) for k in ("DAGSTER_HOME", "MEGACPP_DATA_ROOT")}
-    os.environ["DAGSTER_HOME"] = str(home)
-    try:
-        with DagsterInstance.get() as instance:
-            assert run_snapshot("tiny", str(root), instance=instance) == 0, "megacpp run --corpus tiny failed"
-            yield root, instance
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
+    saved = os.environ.get("MEGACPP_DATA_ROOT")
+    with environ(DAGSTER_HOME=str(home)):
+        try:
+            with DagsterInstance.get() as instance:
+                assert run_snapshot("tiny", str(root), instance=instance) == 0, "megacpp run --corpus tiny failed"
+                yield root, instance
+        finally:  # run_snapshot sets MEGACPP_DATA_ROOT for the process
+            if saved is None:
+                os.environ.pop("MEGACPP_DATA_ROOT", None)
             else:
-                os.environ[k] = v
+                os.environ["MEGACPP_DATA_ROOT"] = saved
 
 
 @pytest.fixture(scope="session")
@@ -88,16 +102,10 @@ def s3_env():
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}
     boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
                  aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1").create_bucket(Bucket=S3_BUCKET)
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        yield env
+        with environ(**env):
+            yield env
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.stop()
 
 

@@ -26,7 +26,7 @@ import yaml
 
 from megacpp_assets.profiles import HEAVY_STEP_TAGS
 from megacpp_core.storage import DataRoot
-from tests.conftest import PROJECT
+from tests.conftest import PROJECT, environ
 from tests.fake_k8s import FakeCluster
 
 pytestmark = pytest.mark.integration
@@ -114,19 +114,11 @@ def cluster(tiny_s3, s3_env, tmp_path_factory):
                      workdir=IMAGE_WORKDIR, path_map={IMAGE_HOME: str(home), IMAGE_WORKDIR: str(PROJECT)}) as c:
         kcfg = c.kubeconfig(home / "kubeconfig.json")
         (home / "dagster.yaml").write_text(yaml.safe_dump(_instance_yaml(kcfg, url)))
-        old = os.environ.get("DAGSTER_HOME")
-        os.environ["DAGSTER_HOME"] = str(home)
-        try:
-            with DagsterInstance.get() as instance:
-                instance.add_dynamic_partitions("snapshot", ["tiny"])
-                instance.add_dynamic_partitions("repo_revision", ["tiny/pybind11-3.1.0", "tiny/lz4-4.4.5",
-                                                                  "tiny/xxhash-4.1.0"])
-                yield c, instance, home, url
-        finally:
-            if old is None:
-                os.environ.pop("DAGSTER_HOME", None)
-            else:
-                os.environ["DAGSTER_HOME"] = old
+        with environ(DAGSTER_HOME=str(home)), DagsterInstance.get() as instance:
+            instance.add_dynamic_partitions("snapshot", ["tiny"])
+            instance.add_dynamic_partitions("repo_revision", ["tiny/pybind11-3.1.0", "tiny/lz4-4.4.5",
+                                                              "tiny/xxhash-4.1.0"])
+            yield c, instance, home, url
 
 
 def _local_hash(tiny_run, rel: str) -> str:

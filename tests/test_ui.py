@@ -43,31 +43,7 @@ def webserver(tmp_path_factory):
             instance.add_dynamic_partitions("repo_revision", ["tiny/pybind11-3.1.0", PARTITION, "tiny/xxhash-4.1.0"])
     finally:
         os.environ.pop("DAGSTER_HOME", None)
-    port = free_port()
-    log = open(root / "dagster-dev.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
-                             "-p", str(port)], cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/server_info", timeout=5).status == 200:
-                    break
-            except OSError:
-                pass
-            assert proc.poll() is None, f"dagster dev exited: {(root / 'dagster-dev.log').read_text()[-2000:]}"
-            assert time.monotonic() < deadline, "dagster dev did not come up"
-            time.sleep(2)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    yield from _serve(env, PROJECT / "workspace.yaml", root / "dagster-dev.log")
 
 
 def test_materialize_a_partition_from_the_ui(webserver):
