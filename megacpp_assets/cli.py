@@ -179,7 +179,9 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) ->
     snap = Partition(manifest.name)
     snapshot_assets = [s.asset for s in stages if s.partitioning is Partitioning.SNAPSHOT] + ["dataset_card"]
     final = [s for s in stages if s.partitioning is Partitioning.SNAPSHOT][-1]
-    extra = {"dataset_card": ("1", [final.asset], lambda: root.exists(layout.card_key(manifest.name)))}
+    from megacpp_assets.factory import CARD_CODE_VERSION
+
+    extra = {"dataset_card": (CARD_CODE_VERSION, [final.asset], lambda: root.exists(layout.card_key(manifest.name)))}
     plan = snapshot_assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, snap, extra)]
     if plan:
         print(f"[snapshot] {manifest.name}: " + " → ".join(plan))

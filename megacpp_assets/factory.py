@@ -48,6 +48,8 @@ GROUPS = {Partitioning.REVISION: "per_revision", Partitioning.SNAPSHOT: "snapsho
 #: Materialization tags the CLI compares to decide what is out of date.
 SETTINGS_TAG = "megacpp/settings"
 INPUTS_TAG = "megacpp/inputs"
+#: Code version of the ``dataset_card`` asset (the card is not a stage).
+CARD_CODE_VERSION = "1"
 GATES_TAG = "megacpp/gates"
 
 
@@ -162,7 +164,7 @@ def dataset_card_asset(final: Stage):
     the last stage (the only reader of figures), and shows it in the UI."""
 
     @asset(name="dataset_card", partitions_def=snapshot_partitions, group_name="snapshot", deps=[final.asset],
-           code_version="1", kinds={"markdown"}, required_resource_keys={"data_root"},
+           code_version=CARD_CODE_VERSION, kinds={"markdown"}, required_resource_keys={"data_root"},
            description="The dataset card: a markdown summary of the snapshot, stage by stage (SPEC §9).")
     def _card(context: AssetExecutionContext) -> MaterializeResult:
         root, manifest, _ = context.resources.data_root.resolve(context.partition_key, Partitioning.SNAPSHOT)

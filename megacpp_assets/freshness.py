@@ -49,15 +49,21 @@ def _latest(instance, asset: str, partition: str):
     return recs[0].asset_materialization if recs and recs[0].asset_materialization else None
 
 
+def _version_staleness(mat, code_version: str) -> str | None:
+    """Rules 1 and 2 for any asset: never materialized, or another code version recorded."""
+    if mat is None:
+        return "never materialized"
+    recorded = (mat.tags or {}).get("dagster/code_version")
+    return None if recorded == code_version else f"code version {recorded} → {code_version}"
+
+
 def stage_staleness(instance, stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
                     producers: dict[str, Stage]) -> str | None:
     """Why ``stage``'s ``partition`` is out of date (module docstring), or None when current."""
     mat = _latest(instance, stage.asset, partition.key)
-    if mat is None:
-        return "never materialized"
+    if reason := _version_staleness(mat, stage.code_version):
+        return reason
     tags = mat.tags or {}
-    if tags.get("dagster/code_version") != stage.code_version:
-        return f"code version {tags.get('dagster/code_version')} → {stage.code_version}"
     if tags.get(SETTINGS_TAG) != settings_fingerprint(stage, manifest, partition):
         return "settings changed"
     if tags.get(GATES_TAG) != "passed":
@@ -100,16 +106,11 @@ def plan(instance, stages: tuple[Stage, ...], root: DataRoot, manifest: Manifest
             out.append(Staleness(s.asset, partition.key, reason))
     for asset, (code_version, ups, exists) in (extra or {}).items():
         hit = sorted(set(ups) & chosen)
-        reason = None
         if hit:
             reason = f"downstream of {', '.join(hit)}"
         else:
-            mat = _latest(instance, asset, partition.key)
-            if mat is None:
-                reason = "never materialized"
-            elif (mat.tags or {}).get("dagster/code_version") != code_version:
-                reason = f"code version {(mat.tags or {}).get('dagster/code_version')} → {code_version}"
-            elif not exists():
+            reason = _version_staleness(_latest(instance, asset, partition.key), code_version)
+            if reason is None and not exists():
                 reason = "output missing from the data root"
         if reason:
             chosen.add(asset)

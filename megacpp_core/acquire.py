@@ -375,3 +375,11 @@ def source_files_table(snapshot: str, source: Source, acquired: Acquired) -> pa.
         cols["doc_key"].append(f"{source.name}/{p}")
         cols["content"].append(data)
     return pa.table(cols, schema=SOURCE_FILES_SCHEMA)
+
+
+def tree_files(source_files: pa.Table) -> tuple[list[tuple[str, bytes]], str]:
+    """Every file of a revision as ``(path, bytes)`` and its revision id (``""`` when the
+    table is empty), from a ``source_files`` table read with ``path``, ``content`` and
+    ``revision``."""
+    files = list(zip(source_files.column("path").to_pylist(), source_files.column("content").to_pylist()))
+    return files, (source_files.column("revision")[0].as_py() if source_files.num_rows else "")

@@ -41,10 +41,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-#: Row-group size for parquet outputs (SPEC §6: 1,024-row row groups for packed shards).
-ROW_GROUP_SIZE = 1024
-#: Schema-metadata keys kept in parquet outputs; everything else is dropped for determinism.
-METADATA_PREFIX = "megacpp."
+from .tables import ROW_GROUP_SIZE, sha256_file, write_parquet_to
+
 #: fsspec protocols that need an extra package, and the pip extra that installs it.
 _PROTOCOL_EXTRAS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
 _READ_CHUNK = 1 << 20
@@ -113,10 +111,6 @@ def _clean_key(key: str) -> str:
     if k in ("", ".") or k.startswith("../") or k == "..":
         raise StorageError(f"key {key!r} is not a path inside the data root")
     return k
-
-
-def _lineage_metadata(table: pa.Table) -> dict[bytes, bytes]:
-    return {k: v for k, v in (table.schema.metadata or {}).items() if k.startswith(METADATA_PREFIX.encode())}
 
 
 class DataRoot:
@@ -309,14 +303,8 @@ class DataRoot:
     def write_table(self, key: str, table: pa.Table, row_group_size: int = ROW_GROUP_SIZE) -> Written:
         """Write ``table`` as parquet under ``key``, atomically and deterministically (see
         the module docstring). Raises :class:`StorageError` when the root cannot be written."""
-        lineage = _lineage_metadata(table)
-        table = table.replace_schema_metadata(None)
         with self._atomic(key) as sink:
-            with pq.ParquetWriter(sink, table.schema, compression="zstd", compression_level=3, write_statistics=True,
-                                  store_schema=False) as writer:
-                writer.write_table(table, row_group_size=row_group_size)
-                if lineage:
-                    writer.add_key_value_metadata(lineage)
+            write_parquet_to(table, sink, row_group_size)
         return Written(_clean_key(key), sink.hasher.hexdigest(), sink.size)
 
     def put_file(self, local: str | os.PathLike, key: str, move: bool = False) -> Written:
@@ -324,16 +312,12 @@ class DataRoot:
         the file is hashed and renamed into place instead (it must be on the same file
         system, as :meth:`scratch` directories are)."""
         if move and self.is_local:
-            h, size = hashlib.sha256(), 0
-            with open(local, "rb") as f:
-                while b := f.read(_READ_CHUNK):
-                    h.update(b)
-                    size += len(b)
+            digest, size = sha256_file(local), os.path.getsize(local)
             dest = Path(self.path(key))
             dest.parent.mkdir(parents=True, exist_ok=True)
             _fault_point(key)
             os.replace(local, dest)
-            return Written(_clean_key(key), h.hexdigest(), size)
+            return Written(_clean_key(key), digest, size)
         with open(local, "rb") as src, self._atomic(key) as sink:
             shutil.copyfileobj(src, sink, _READ_CHUNK)
         return Written(_clean_key(key), sink.hasher.hexdigest(), sink.size)

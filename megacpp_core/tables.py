@@ -18,28 +18,36 @@ import pyarrow.parquet as pq
 ROW_GROUP_SIZE = 1024
 
 
+#: Schema-metadata keys kept in parquet outputs (lineage such as the tokenizer's sha256);
+#: every other key is dropped so no library or wall-clock information leaks into the bytes.
+METADATA_PREFIX = "megacpp."
+
+
+def write_parquet_to(table: pa.Table, sink, row_group_size: int = ROW_GROUP_SIZE) -> None:
+    """Write ``table`` as parquet to ``sink`` (a path or a writable file object) with the
+    project's fixed settings: zstd level 3, statistics on, no arrow schema blob, and only
+    the ``megacpp.*`` schema metadata (as parquet key-value metadata). The same table
+    always gives the same bytes."""
+    lineage = {k: v for k, v in (table.schema.metadata or {}).items() if k.startswith(METADATA_PREFIX.encode())}
+    table = table.replace_schema_metadata(None)
+    with pq.ParquetWriter(sink, table.schema, compression="zstd", compression_level=3, write_statistics=True,
+                          store_schema=False) as writer:
+        writer.write_table(table, row_group_size=row_group_size)
+        if lineage:
+            writer.add_key_value_metadata(lineage)
+
+
 def write_parquet(table: pa.Table, path: str | os.PathLike, row_group_size: int = ROW_GROUP_SIZE) -> Path:
-    """Write ``table`` to ``path`` atomically and deterministically.
+    """Write ``table`` to the local ``path`` atomically and deterministically
+    (:func:`write_parquet_to`; stages write through :mod:`megacpp_core.storage` instead).
 
-    The file is written to ``path.tmp`` and renamed into place once closed. Schema
-    metadata is dropped so that no library or wall-clock information leaks into the
-    bytes. Compression is zstd level 3.
-
-    Returns the final path. Raises ``OSError`` when the directory cannot be written.
+    The file is written to ``path.tmp`` and renamed into place once closed. Returns the
+    final path. Raises ``OSError`` when the directory cannot be written.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    table = table.replace_schema_metadata(None)
-    pq.write_table(
-        table,
-        tmp,
-        compression="zstd",
-        compression_level=3,
-        row_group_size=row_group_size,
-        write_statistics=True,
-        store_schema=False,
-    )
+    write_parquet_to(table, tmp, row_group_size)
     os.replace(tmp, path)
     return path
 

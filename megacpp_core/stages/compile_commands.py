@@ -9,16 +9,14 @@ Nothing from the corpus runs.
 
 from __future__ import annotations
 
-from .. import catalog, compile_commands
+from .. import acquire, catalog, compile_commands
 from ..stage import Partitioning, Result, Stage
 
 
 def revision_files(ref) -> tuple[list[tuple[str, bytes]], str]:
     """Every file of a revision as ``(path, bytes)`` and its revision id, from a
-    ``source_files`` input."""
-    sf = ref.read(columns=["path", "content", "revision"])
-    files = list(zip(sf.column("path").to_pylist(), sf.column("content").to_pylist()))
-    return files, (sf.column("revision")[0].as_py() if sf.num_rows else "")
+    ``source_files`` input (:func:`megacpp_core.acquire.tree_files`)."""
+    return acquire.tree_files(ref.read(columns=["path", "content", "revision"]))
 
 
 def compute(ctx) -> Result:

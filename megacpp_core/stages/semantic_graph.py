@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from .. import catalog, compile_commands, enrich, semantic
+from .. import acquire, catalog, compile_commands, enrich, semantic
 from ..stage import Partitioning, Result, Stage, StageError
 
 
@@ -38,9 +38,7 @@ def _progress(what: str, emit, every_s: float = 30.0):
 
 def compute(ctx) -> Result:
     source, s = ctx.source, ctx.settings
-    sf = ctx.input("source_files").read(columns=["path", "content", "revision"])
-    files = list(zip(sf.column("path").to_pylist(), sf.column("content").to_pylist()))
-    revision = sf.column("revision")[0].as_py() if sf.num_rows else ""
+    files, revision = acquire.tree_files(ctx.input("source_files").read(columns=["path", "content", "revision"]))
     try:
         db = compile_commands.load_database(ctx.input("compile_commands").read_text(), files, revision)
     except (FileNotFoundError, ValueError) as e:
