@@ -4,6 +4,7 @@ enforced at run time (inputs, settings, outputs, figures); the registry checks l
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, RunsFilter
@@ -17,6 +18,18 @@ from megacpp_core.storage import DataRoot
 from tests import stage_example
 
 WITH_EXAMPLE = STAGES + (stage_example.STAGE,)  # the one registration line
+
+
+@pytest.fixture
+def tiny_root(tiny_run):
+    """The shared ``tiny`` snapshot; what the example and probe stages write into it is
+    removed afterwards, so other tests still find exactly the registry's outputs."""
+    yield tiny_run
+    snap = tiny_run[0] / "snapshots" / "tiny"
+    for pattern in ("revisions/*/line_stats.parquet", "revisions/*/probe.parquet", "figures/line_stats",
+                    "figures/probe"):
+        for p in snap.glob(pattern):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 def test_the_example_stage_becomes_an_asset_with_its_checks():
@@ -36,10 +49,10 @@ def _count(instance, asset: str) -> int:
     return len(instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(asset)), limit=1000).records)
 
 
-def test_a_new_stage_on_a_materialized_snapshot_runs_only_itself(tiny_run):
+def test_a_new_stage_on_a_materialized_snapshot_runs_only_itself(tiny_root):
     from megacpp_assets.cli import run_snapshot
 
-    root, instance = tiny_run
+    root, instance = tiny_root
     before = {s.asset: _count(instance, s.asset) for s in STAGES}
     runs_before = len(instance.get_runs(filters=RunsFilter(job_name="snapshot_job")))
     assert run_snapshot("tiny", str(root), instance=instance, stages=WITH_EXAMPLE) == 0
@@ -59,10 +72,10 @@ def _tiny_stage(compute, **kw) -> Stage:
                  description="probe", inputs=kw.pop("inputs", (catalog.SCRUBBED,)), outputs=(out,), **kw)
 
 
-def test_declarations_are_enforced_at_run_time(tiny_run):
+def test_declarations_are_enforced_at_run_time(tiny_root):
     import pyarrow as pa
 
-    root = DataRoot(tiny_run[0])
+    root = DataRoot(tiny_root[0])
     m = load_manifest("tiny")
     part = Partition("tiny", "lz4-4.4.5")
     table = pa.table({"x": [1]})
@@ -90,7 +103,7 @@ def test_declarations_are_enforced_at_run_time(tiny_run):
               description="", outputs=(catalog.SCRUBBED,))
 
 
-def test_a_failing_gate_is_reported_not_raised(tiny_run):
+def test_a_failing_gate_is_reported_not_raised(tiny_root):
     import pyarrow as pa
 
     def gate_that_fails(g):
@@ -101,7 +114,7 @@ def test_a_failing_gate_is_reported_not_raised(tiny_run):
 
     res = run_stage(_tiny_stage(lambda ctx: Result({"probe": pa.table({"x": [1]})}),
                                 gates=(gate_that_fails, gate_that_raises)),
-                    DataRoot(tiny_run[0]), load_manifest("tiny"), Partition("tiny", "lz4-4.4.5"))
+                    DataRoot(tiny_root[0]), load_manifest("tiny"), Partition("tiny", "lz4-4.4.5"))
     assert not res.ok and res.checks["gate_that_fails"] == (False, "always")
     assert res.checks["gate_that_raises"][0] is False and "RuntimeError: boom" in res.checks["gate_that_raises"][1]
 
