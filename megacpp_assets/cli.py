@@ -1,7 +1,8 @@
 """The ``megacpp`` command line (SPEC §9).
 
 ``megacpp run [--corpus NAME|PATH] [--data-root DIR]`` materializes a whole snapshot
-through Dagster (one run per ``repo_revision`` partition, then one run of the
+through Dagster (per ``repo_revision`` partition one run of its revision assets, then one
+run per revision × shard partition of the per-document assets; then one run of the
 snapshot-wide assets), recording the runs in ``DAGSTER_HOME`` so ``dagster dev`` shows
 them afterwards. ``megacpp verify PATH`` runs the verify gate. ``megacpp inspect PATH``
 prints one packed row decoded. Exit codes: 0 success, 1 a stage or gate failed, 2 usage
@@ -162,19 +163,49 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) ->
     print(f"  data root    {root.url}\n  DAGSTER_HOME {home}")
     t0 = time.perf_counter()
     revision_job = definitions.resolve_job_def("revision_job")
+    shard_job = definitions.resolve_job_def("shard_job")
     revision_assets = [s.asset for s in stages if s.partitioning is Partitioning.REVISION]
-    for i, source in enumerate(manifest.sources, 1):
-        part = Partition(manifest.name, source.name)
-        todo = revision_assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, part)]
+    shard_assets = [s.asset for s in stages if s.partitioning is Partitioning.REVISION_SHARD]
+    from megacpp_assets.factory import register_shards
+
+    def materialize(job, part, assets, label, exclude=frozenset(), say_skip=True) -> bool:
+        todo = assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, part)
+                                     if x.asset not in exclude]
         if not todo:
-            print(f"[{i}/{len(keys)}] repo_revision {part.key} (current; skipped)")
-            continue
-        why = "" if rerun or len(todo) == len(revision_assets) else f" (out of date: {', '.join(todo)})"
-        print(f"[{i}/{len(keys)}] repo_revision {part.key}{why}")
-        result = revision_job.execute_in_process(instance=instance, partition_key=part.key, run_config=QUIET,
-                                                 raise_on_error=False, asset_selection=[AssetKey(a) for a in todo])
+            if say_skip:
+                print(f"{label} {part.key} (current; skipped)")
+            return True
+        why = "" if rerun or len(todo) == len(assets) else f" (out of date: {', '.join(todo)})"
+        print(f"{label} {part.key}{why}")
+        result = job.execute_in_process(instance=instance, partition_key=part.key, run_config=QUIET,
+                                        raise_on_error=False, asset_selection=[AssetKey(a) for a in todo])
         if not result.success:
             _report_failure(result, part.key)
+        return result.success
+
+    # revision assets that read a shard dataset (the libclang lane reads the scrubbed files)
+    # run after the revision's shards; the rest (acquire) before them
+    from megacpp_core.stages import producers as producers_of
+    prod = producers_of(stages)
+    late: set[str] = set()
+    for s in stages:
+        if s.partitioning is Partitioning.REVISION and any(
+                prod[d.name].partitioning is Partitioning.REVISION_SHARD or prod[d.name].asset in late for d in s.inputs):
+            late.add(s.asset)
+    early_assets = [a for a in revision_assets if a not in late]
+    late_assets = [a for a in revision_assets if a in late]
+
+    for i, source in enumerate(manifest.sources, 1):
+        part = Partition(manifest.name, source.name)
+        if not materialize(revision_job, part, early_assets, f"[{i}/{len(keys)}] repo_revision", late):
+            return 1
+        shards = register_shards(instance, root, manifest.name, source.name)
+        for shard in shards:
+            if not materialize(shard_job, Partition(manifest.name, source.name, shard), shard_assets,
+                               f"[{i}/{len(keys)}]   shard {shard} of {len(shards)}"):
+                return 1
+        if late_assets and not materialize(revision_job, part, late_assets, f"[{i}/{len(keys)}] repo_revision", set(early_assets),
+                                             say_skip=False):
             return 1
     snap = Partition(manifest.name)
     snapshot_assets = [s.asset for s in stages if s.partitioning is Partitioning.SNAPSHOT] + ["dataset_card"]

@@ -3,7 +3,8 @@ declarations of :mod:`megacpp_core.stages` (one factory for every stage).
 
 For each :class:`~megacpp_core.stage.Stage` the factory builds one asset named
 ``stage.asset``: partitioned by the dynamic ``repo_revision`` partitions (keys
-``SNAPSHOT/SOURCE``) or ``snapshot`` partitions; its dependencies are the stages that
+``SNAPSHOT/SOURCE``), the revision × ``shard`` grid (keys ``SNAPSHOT/SOURCE|SHARD``) or the
+``snapshot`` partitions; its dependencies are the stages that
 write the datasets it reads (a snapshot stage reading a per-revision dataset fans in with
 ``AllPartitionMapping``); its ``code_version`` is the stage's; its blocking asset checks
 are the stage's gates plus one schema check per output table; heavy stages carry their
@@ -31,20 +32,29 @@ from dagster import (
     DynamicPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
+    MultiPartitionsDefinition,
+    MultiToSingleDimensionPartitionMapping,
     asset,
 )
 
 from megacpp_assets import profiles
 from megacpp_core import card
 from megacpp_core import stages as stage_registry
-from megacpp_core.runner import StageResult, output_uris, run_stage
-from megacpp_core.stage import Partitioning, Stage
+from megacpp_core.runner import StageResult, output_uris, revision_shards, run_stage
+from megacpp_core.stage import Partition, Partitioning, Stage
+from megacpp_core.storage import MissingOutputError
 
 repo_revision = DynamicPartitionsDefinition(name="repo_revision")
 snapshot_partitions = DynamicPartitionsDefinition(name="snapshot")
+#: Shard keys ``000``, ``001``, … (registered up to the largest shard count of any
+#: revision; :mod:`megacpp_core.sharding`).
+shard_partitions = DynamicPartitionsDefinition(name="shard")
+#: The per-document stages: a grid of revisions × shards (key ``SNAPSHOT/SOURCE|SHARD``).
+revision_shard = MultiPartitionsDefinition({"revision": repo_revision, "shard": shard_partitions})
 
-PARTITIONS = {Partitioning.REVISION: repo_revision, Partitioning.SNAPSHOT: snapshot_partitions}
-GROUPS = {Partitioning.REVISION: "per_revision", Partitioning.SNAPSHOT: "snapshot"}
+PARTITIONS = {Partitioning.REVISION: repo_revision, Partitioning.REVISION_SHARD: revision_shard,
+              Partitioning.SNAPSHOT: snapshot_partitions}
+GROUPS = {Partitioning.REVISION: "per_revision", Partitioning.REVISION_SHARD: "per_shard", Partitioning.SNAPSHOT: "snapshot"}
 #: Materialization tags the CLI compares to decide what is out of date.
 SETTINGS_TAG = "megacpp/settings"
 INPUTS_TAG = "megacpp/inputs"
@@ -66,15 +76,36 @@ def metadata_value(value: Any) -> Any:
     return MetadataValue.text(str(value))
 
 
-def upstream_partitions(stage: Stage, up: Stage, partition_key: str, sources: list[str]) -> list[str]:
+def upstream_partitions(stage: Stage, up: Stage, partition_key: str, sources: list[str], root=None) -> list[str]:
     """The partitions of ``up`` that ``stage``'s partition ``partition_key`` reads, within
-    its own snapshot (``sources``: the snapshot's source names)."""
-    snapshot = partition_key.split("/", 1)[0]
+    its own snapshot (``sources``: the snapshot's source names; ``root``: the data root,
+    whose shard plans name a revision's shards)."""
+    part = Partition.parse(partition_key, stage.partitioning)
     if up.partitioning is stage.partitioning:
         return [partition_key]
     if up.partitioning is Partitioning.SNAPSHOT:
-        return [snapshot]
-    return [f"{snapshot}/{s}" for s in sources]
+        return [part.snapshot]
+    mine = [part.source] if part.source is not None else sources
+    if up.partitioning is Partitioning.REVISION:
+        return [Partition(part.snapshot, s).key for s in mine]
+    return [Partition(part.snapshot, s, k).key for s in mine for k in _shards(root, part.snapshot, s)]
+
+
+def _shards(root, snapshot: str, source: str) -> list[str]:
+    try:
+        return revision_shards(root, snapshot, source) if root is not None else []
+    except MissingOutputError:
+        return []
+
+
+def register_shards(instance, root, snapshot: str, source: str) -> list[str]:
+    """Add the shard keys of a revision's plan missing from the ``shard`` partitions; returns them."""
+    keys = _shards(root, snapshot, source)
+    have = set(instance.get_dynamic_partitions(shard_partitions.name))
+    new = [k for k in keys if k not in have]
+    if new:
+        instance.add_dynamic_partitions(shard_partitions.name, new)
+    return keys
 
 
 def current_data_version(instance, asset: str, partition: str) -> str | None:
@@ -88,12 +119,12 @@ def current_data_version(instance, asset: str, partition: str) -> str | None:
 
 
 def inputs_fingerprint(instance, stage: Stage, partition_key: str, sources: list[str],
-                       producers: dict[str, Stage]) -> str:
+                       producers: dict[str, Stage], root=None) -> str:
     """Hex sha256 (16 chars) over the current data versions of every upstream partition
     ``stage``'s partition reads (restricted to its snapshot)."""
     lines = []
     for up in _upstream_stages(stage, producers):
-        for p in upstream_partitions(stage, up, partition_key, sources):
+        for p in upstream_partitions(stage, up, partition_key, sources, root):
             lines.append(f"{up.asset}@{p}={current_data_version(instance, up.asset, p)}")
     return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:16]
 
@@ -118,6 +149,19 @@ def to_result(stage: Stage, res: StageResult, root, extra_tags: dict[str, str] |
     return MaterializeResult(metadata=md, check_results=checks, data_version=DataVersion(res.data_version), tags=tags)
 
 
+def partition_mapping(up: Partitioning, down: Partitioning):
+    """How a ``down`` partition maps to the ``up`` partitions it reads: the same key, all
+    of them (a snapshot step fanning in), or the ``revision`` dimension of the
+    revision × shard grid."""
+    if up is down:
+        return None
+    if down is Partitioning.SNAPSHOT:
+        return AllPartitionMapping()
+    if Partitioning.SNAPSHOT in (up, down):
+        raise ValueError(f"a per-{down.value} asset cannot read a per-{up.value} one")
+    return MultiToSingleDimensionPartitionMapping(partition_dimension_name="revision")
+
+
 def stage_asset(stage: Stage, producers: dict[str, Stage]):
     """The asset (with its blocking checks) of one declared stage."""
     deps, seen = [], set()
@@ -125,8 +169,7 @@ def stage_asset(stage: Stage, producers: dict[str, Stage]):
         if up.asset in seen:
             continue
         seen.add(up.asset)
-        fan_in = up.partitioning is Partitioning.REVISION and stage.partitioning is Partitioning.SNAPSHOT
-        deps.append(AssetDep(up.asset, partition_mapping=AllPartitionMapping() if fan_in else None))
+        deps.append(AssetDep(up.asset, partition_mapping=partition_mapping(up.partitioning, stage.partitioning)))
     gate_docs = {g.__name__: (g.__doc__ or "").strip() for g in stage.gates}
     schema_docs = {d.schema_check: f"pandera schema of {d.name}: {d.description}" for d in stage.outputs if d.schema_check}
     specs = [AssetCheckSpec(c, asset=stage.asset, blocking=True, description=gate_docs.get(c) or schema_docs.get(c))
@@ -144,8 +187,11 @@ def stage_asset(stage: Stage, producers: dict[str, Stage]):
         root, manifest, partition = context.resources.data_root.resolve(context.partition_key, stage.partitioning)
         tools = {name: getattr(context.resources, name).tool() for name in stage.tools}
         sources = [s.name for s in manifest.sources]
-        inputs = inputs_fingerprint(context.instance, stage, context.partition_key, sources, producers)
+        inputs = inputs_fingerprint(context.instance, stage, partition.key, sources, producers, root)
         res = run_stage(stage, root, manifest, partition, tools=tools, log_fn=context.log.info)
+        if any(d.scope is Partitioning.REVISION_SHARD for d in stage.outputs) and partition.shard is None:
+            keys = register_shards(context.instance, root, partition.snapshot, partition.source)
+            context.log.info(f"{stage.asset} {partition.key}: {len(keys)} shard(s) {', '.join(keys)}")
         context.log.info(f"{stage.asset} {context.partition_key}: data version {res.data_version[:12]}, "
                          f"gates {'passed' if res.ok else 'FAILED'}")
         return to_result(stage, res, root, {INPUTS_TAG: inputs})

@@ -29,9 +29,9 @@ from dagster import AssetKey, AssetRecordsFilter
 from megacpp_assets.factory import GATES_TAG, INPUTS_TAG, SETTINGS_TAG, inputs_fingerprint
 from megacpp_core import stages as stage_registry
 from megacpp_core.manifest import Manifest
-from megacpp_core.runner import InputRef, settings_fingerprint
-from megacpp_core.stage import Partition, Stage
-from megacpp_core.storage import DataRoot
+from megacpp_core.runner import InputRef, revision_shards, settings_fingerprint
+from megacpp_core.stage import Partition, Partitioning, Stage
+from megacpp_core.storage import DataRoot, MissingOutputError
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,20 @@ def stage_staleness(instance, stage: Stage, root: DataRoot, manifest: Manifest, 
     if tags.get(GATES_TAG) != "passed":
         return "a gate failed on the last materialization"
     sources = [s.name for s in manifest.sources]
-    if tags.get(INPUTS_TAG) != inputs_fingerprint(instance, stage, partition.key, sources, producers):
+    if tags.get(INPUTS_TAG) != inputs_fingerprint(instance, stage, partition.key, sources, producers, root):
         return "upstream data changed"
     enabled = stage.enabled is None or getattr(manifest.settings, stage.enabled)
     if enabled:
         for d in stage.outputs:
-            if not InputRef(root, d, partition).exists():
+            if d.scope is Partitioning.REVISION_SHARD and partition.shard is None:  # acquire's shards
+                try:
+                    parts = [Partition(partition.snapshot, partition.source, k)
+                             for k in revision_shards(root, partition.snapshot, partition.source)]
+                except MissingOutputError:
+                    return "its shard plan is missing from the data root"
+            else:
+                parts = [partition]
+            if not all(InputRef(root, d, p).exists() for p in parts):
                 return f"output {d.name} is missing from the data root"
     if stage.reads_source_pin and partition.source:
         source = manifest.source(partition.source)

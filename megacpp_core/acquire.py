@@ -377,6 +377,34 @@ def source_files_table(snapshot: str, source: Source, acquired: Acquired) -> pa.
     return pa.table(cols, schema=SOURCE_FILES_SCHEMA)
 
 
+#: License evidence files larger than this are not read (a license text is a few kB; the
+#: limit keeps a hostile "LICENSE" of gigabytes out of the scan).
+MAX_LICENSE_FILE_BYTES = 1_000_000
+
+
+def license_texts_table(table: pa.Table) -> pa.Table:
+    """The license evidence of a revision: the rows of ``table`` (``source_files``) that
+    are a license file (:func:`megacpp_core.license.is_license_file`, at most
+    :data:`MAX_LICENSE_FILE_BYTES`) or ``debian/copyright``; columns ``path``, ``size``,
+    ``content``."""
+    from .dep5 import COPYRIGHT_PATH
+    from .license import is_license_file
+
+    paths, sizes = table.column("path").to_pylist(), table.column("size").to_pylist()
+    take = [i for i, (p, n) in enumerate(zip(paths, sizes))
+            if p == COPYRIGHT_PATH or (is_license_file(p) and n <= MAX_LICENSE_FILE_BYTES)]
+    return table.select(["path", "size", "content"]).take(pa.array(take, type=pa.int64()))
+
+
+def revision_table(refs, columns: list[str]) -> pa.Table:
+    """One revision's shards of a shard dataset (``refs``: its input references, e.g.
+    ``ctx.inputs("source_files")`` in a per-revision stage) as one table sorted by ``path``
+    (which ``columns`` must include): the whole revision, for the libclang lane."""
+    parts = [r.read(columns=columns) for r in refs]
+    t = pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.string()) for c in columns})
+    return t.take(t.column("path").to_numpy(zero_copy_only=False).argsort(kind="stable")) if t.num_rows else t
+
+
 def tree_files(source_files: pa.Table) -> tuple[list[tuple[str, bytes]], str]:
     """Every file of a revision as ``(path, bytes)`` and its revision id (``""`` when the
     table is empty), from a ``source_files`` table read with ``path``, ``content`` and

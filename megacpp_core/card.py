@@ -7,7 +7,7 @@ root and attached to the ``dataset_card`` asset's metadata.
 
 from __future__ import annotations
 
-from . import layout
+from . import layout, sharding
 from .manifest import Manifest
 from .storage import DataRoot
 
@@ -33,7 +33,9 @@ def dedup_section(d: dict) -> list[str]:
     cross-source removal counts and rates, the LSH settings with effective thresholds and
     candidate probabilities, and the ten largest clusters with their members."""
     L = ["", "## Stage 4 — dedup", "",
-         f"Files in {_fmt(d.get('files_in', 0))}; files out {_fmt(d.get('files_out', 0))}, {_fmt(d.get('bytes_out', 0))} bytes.", "",
+         f"Files in {_fmt(d.get('files_in', 0))} (from {_fmt(d.get('shards_in', 0))} shards); files out {_fmt(d.get('files_out', 0))}. "
+         f"Decisions read hashes and signatures; {_fmt(d.get('texts_read_for_verification', 0))} candidate texts were streamed "
+         "for the exact-Jaccard verification.", "",
          "| pass | removed | rate | settings |", "|---|---:|---:|---|",
          f"| exact duplicates removed (SHA-256) | {_fmt(d.get('exact_removed', 0))} | {_pct(d.get('exact_removal_rate'))} | across every revision |",
          f"| near, within a source | {_fmt(d.get('near_removed', 0))} | {_pct(d.get('near_removal_rate'))} | MinHash {d.get('num_perm')} "
@@ -55,9 +57,41 @@ def dedup_section(d: dict) -> list[str]:
 
 
 def read_figures(root: DataRoot, snapshot: str, stage: str, source: str | None = None) -> dict | None:
-    """A stage's persisted figures for a partition, or None when it has not run."""
+    """A stage's persisted figures for a partition, or None when it has not run; for a
+    per-shard stage, the figures of the revision's shards (its plan) merged with
+    :func:`merge_figures`."""
     key = layout.figures_key(snapshot, stage, source)
-    return root.read_json(key) if root.exists(key) else None
+    if root.exists(key):
+        return root.read_json(key)
+    if source is None or not root.exists(layout.shard_plan_key(snapshot, source)):
+        return None
+    keys = sharding.shard_keys(root.read_json(layout.shard_plan_key(snapshot, source)))
+    parts = [layout.figures_key(snapshot, stage, source, k) for k in keys]
+    got = [root.read_json(k) for k in parts if root.exists(k)]
+    return merge_figures(got) if got else None
+
+
+def merge_figures(parts: list[dict]) -> dict:
+    """The figures of a revision's shards as one: numbers add up, dicts merge key by key
+    (recursively), lists concatenate, anything else keeps the first shard's value;
+    ``agreement_rate`` (DEP-5) is recomputed from the merged counts."""
+    out: dict = {}
+    for p in parts:
+        for k, v in p.items():
+            if k not in out:
+                out[k] = v if not isinstance(v, dict) else merge_figures([v])
+            elif isinstance(v, bool) or v is None:
+                continue
+            elif isinstance(v, (int, float)) and isinstance(out[k], (int, float)):
+                out[k] = out[k] + v
+            elif isinstance(v, dict) and isinstance(out[k], dict):
+                out[k] = merge_figures([out[k], v])
+            elif isinstance(v, list) and isinstance(out[k], list):
+                out[k] = out[k] + v
+    if "agreement_rate" in out and isinstance(out.get("agreement"), dict):
+        a, n = out["agreement"], out.get("compared") or 0
+        out["agreement_rate"] = round((a.get("agree", 0) + a.get("same_class", 0)) / n, 4) if n else None
+    return out
 
 
 def render_card(root: DataRoot, manifest: Manifest) -> str:

@@ -23,21 +23,34 @@ from megacpp_checks.schemas import semantic as s_semantic
 from .stage import Dataset, Kind, Partitioning
 
 REV = Partitioning.REVISION
+SHARD = Partitioning.REVISION_SHARD
 SNAP = Partitioning.SNAPSHOT
 
-# ---------------------------------------------------------------- per revision (stages 0-3, lane)
-SOURCE_FILES = Dataset("source_files", REV, "revisions/{source}/source_files.parquet", schema=s_acquire.validate_source_files,
-                       description="one row per file of the revision: provenance, path, size, sha256, language, raw bytes")
-QUALITY_KEPT = Dataset("quality_kept", REV, "revisions/{source}/quality_kept.parquet", schema=s_quality.validate_kept,
+# ---------------------------------------------------------------- per revision (stage 0, lane)
+SHARD_PLAN = Dataset("shard_plan", REV, "revisions/{source}/shards.json", kind=Kind.JSON,
+                     description="the revision's shards: count, shard_bytes, files and bytes per shard (megacpp_core.sharding)")
+LICENSE_TEXTS = Dataset("license_texts", REV, "revisions/{source}/license_texts.parquet",
+                        description="the revision's license files (LICENSE, COPYING, debian/copyright, …) as raw bytes: "
+                                    "the tree-level evidence every shard's license scan reads")
+
+# ---------------------------------------------------------------- per revision × shard (stages 0-4a)
+SOURCE_FILES = Dataset("source_files", SHARD, "revisions/{source}/shards/{shard}/source_files.parquet",
+                       schema=s_acquire.validate_source_files,
+                       description="one row per file of the shard: provenance, path, size, sha256, language, raw bytes")
+QUALITY_KEPT = Dataset("quality_kept", SHARD, "revisions/{source}/shards/{shard}/quality_kept.parquet",
+                       schema=s_quality.validate_kept,
                        description="one row per file kept by the quality filters, with its decoded text")
-EXCLUSIONS = Dataset("exclusions", REV, "revisions/{source}/exclusions.parquet", schema=s_quality.validate_exclusions,
+EXCLUSIONS = Dataset("exclusions", SHARD, "revisions/{source}/shards/{shard}/exclusions.parquet",
+                     schema=s_quality.validate_exclusions,
                      description="one row per rejected file: the filter, the measured value and the threshold")
-LICENSE = Dataset("license", REV, "revisions/{source}/license.parquet", schema=s_license.validate_license,
+LICENSE = Dataset("license", SHARD, "revisions/{source}/shards/{shard}/license.parquet", schema=s_license.validate_license,
                   description="one row per kept file: SPDX expression, class, decision, reason, origin")
-SCRUBBED = Dataset("scrubbed", REV, "revisions/{source}/scrubbed.parquet", schema=s_scrub.validate_scrubbed,
-                   description="one row per license-accepted file with its scrubbed text and license provenance")
-MINHASH = Dataset("minhash", REV, "revisions/{source}/minhash.parquet", schema=s_minhash.validate_signatures,
+SCRUBBED = Dataset("scrubbed", SHARD, "revisions/{source}/shards/{shard}/scrubbed.parquet", schema=s_scrub.validate_scrubbed,
+                   description="one row per license-accepted file with its scrubbed text, content sha256 and license provenance")
+MINHASH = Dataset("minhash", SHARD, "revisions/{source}/shards/{shard}/minhash.parquet", schema=s_minhash.validate_signatures,
                   description="one MinHash signature (num_perm uint32) per scrubbed file")
+
+# ---------------------------------------------------------------- per revision (the libclang lane)
 COMPILE_COMMANDS = Dataset("compile_commands", REV, "revisions/{source}/compile_commands.json", kind=Kind.TEXT,
                            description="the revision's compile command database (shipped or synthesized) with its inputs' sha256")
 SEMANTIC_EDGES = Dataset("semantic_edges", REV, "revisions/{source}/semantic_edges.parquet", schema=s_semantic.validate_edges,
@@ -45,7 +58,7 @@ SEMANTIC_EDGES = Dataset("semantic_edges", REV, "revisions/{source}/semantic_edg
 BUILD_INFO = Dataset("build_info", REV, "revisions/{source}/build_info.parquet", schema=s_semantic.validate_build_info,
                      description="one row per translation unit: arguments, status, diagnostics, seconds, RSS")
 
-# ---------------------------------------------------------------- per snapshot (stages 4-10)
+# ---------------------------------------------------------------- per snapshot (stages 4b-10)
 LSH_PAIRS = {(lo, hi): Dataset(f"lsh_pairs_{lo:02d}_{hi:02d}", SNAP, f"dedup/lsh_bands_{lo:02d}_{hi:02d}.parquet",
                                schema=s_minhash.validate_pairs,
                                description=f"cross-source LSH candidate pairs of bands {lo}-{hi - 1}")
@@ -54,8 +67,6 @@ DECISIONS = Dataset("decisions", SNAP, "dedup/decisions.parquet", schema=s_dedup
                     description="one keep/drop decision per file entering dedup; a drop names its kept twin")
 DUPLICATE_CLUSTERS = Dataset("duplicate_clusters", SNAP, "dedup/duplicate_clusters.parquet", schema=s_dedup.validate_clusters,
                              description="one row per member of a duplicate cluster, with the kept member")
-KEPT = Dataset("kept", SNAP, "dedup/kept.parquet", schema=s_scrub.validate_scrubbed,
-               description="the deduplicated files in keep order (license rank, source order, path)")
 TOKENIZER = Dataset("tokenizer", SNAP, "tokenizer/tokenizer.json", kind=Kind.TEXT,
                     description="the HuggingFace tokenizers file of the snapshot tokenizer")
 TOKENIZER_MANIFEST = Dataset("tokenizer_manifest", SNAP, "tokenizer/tokenizer_manifest.json", kind=Kind.JSON,

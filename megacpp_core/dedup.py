@@ -42,7 +42,7 @@ import functools
 import hashlib
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Iterator, Sequence
@@ -81,7 +81,9 @@ class DedupRecord:
 
     ``doc_key`` is a stable, snapshot-unique key (e.g. ``"lz4-4.4.5/lz4libs/lz4.c"``);
     ``source_order`` is the index of ``source`` in the manifest; ``license_class`` must be
-    a key of :data:`LICENSE_RANK`; ``text`` is the scrubbed file content.
+    a key of :data:`LICENSE_RANK`; ``text`` is the scrubbed file content, or None when
+    the caller passes ``content_sha256`` (hex sha256 of the UTF-8 text) and a text loader
+    to :func:`deduplicate` instead (the snapshot step then never holds the texts).
     """
 
     doc_key: str
@@ -89,7 +91,8 @@ class DedupRecord:
     source_order: int
     path: str
     license_class: str
-    text: str
+    text: str | None
+    content_sha256: str | None = None
 
 
 #: Cross-source pass (SPEC §4): 112 permutations as 14 bands × 8 rows.
@@ -218,6 +221,7 @@ def deduplicate(
     signatures: Mapping[str, np.ndarray] | None = None,
     cross_pairs: Sequence[tuple[str, str]] | None = None,
     verify_exact: bool = True,
+    load_texts: Callable[[set[str]], Iterator[tuple[str, str]]] | None = None,
 ) -> DedupResult:
     """Exact, near (within source) and cross-source dedup of ``records`` (module doc).
 
@@ -235,6 +239,11 @@ def deduplicate(
     pipelines): the estimate's standard error is √(J(1−J)/p) ≈ 0.04 at J = 0.7,
     p = 128, so without it pairs at J ≈ 0.65 would be dropped. Rejections are counted in
     ``near_rejected_by_exact`` and ``cross_rejected_by_exact``.
+
+    ``load_texts(doc_keys)`` yields ``(doc_key, text)`` for the records given without
+    text: only those whose signature is missing, or that are in a candidate pair whose
+    estimate reaches the threshold (the exact-Jaccard verification keeps their shingle-hash
+    set, not the text). Records without text must carry ``content_sha256``.
 
     Raises ``ValueError`` on a duplicate ``doc_key``, a ``license_class`` not in
     :data:`LICENSE_RANK`, ``num_perm < CROSS_NUM_PERM`` or a precomputed signature of the
@@ -254,7 +263,25 @@ def deduplicate(
     order = sorted(records, key=keep_key)
     n = len(order)
     index = {r.doc_key: i for i, r in enumerate(order)}
-    sha = [hashlib.sha256(r.text.encode("utf-8")).hexdigest() for r in order]
+    for r in order:
+        if r.text is None and (r.content_sha256 is None or load_texts is None):
+            raise ValueError(f"{r.doc_key}: no text, and no content_sha256 and text loader to stand in for it")
+    sha = [r.content_sha256 or hashlib.sha256(r.text.encode("utf-8")).hexdigest() for r in order]
+
+    def texts_of(idx: Iterable[int]) -> Iterator[tuple[int, str]]:
+        """``(index, text)`` of records ``idx``: given texts first, the rest from the loader."""
+        want = {}
+        for i in idx:
+            if order[i].text is not None:
+                yield i, order[i].text
+            else:
+                want[order[i].doc_key] = i
+        if want:
+            for key, text in load_texts(set(want)):
+                if key in want:
+                    yield want.pop(key), text
+            if want:
+                raise ValueError(f"the text loader did not return {len(want)} records, first {next(iter(want))}")
 
     # Signatures (keep order), precomputed where given.
     sig = np.empty((n, num_perm), dtype=np.uint32)
@@ -269,7 +296,8 @@ def deduplicate(
                 raise ValueError(f"{r.doc_key}: signature shape {got.shape}, expected ({num_perm},)")
             sig[i] = got
     if missing:
-        sig[missing] = mh.signatures([order[i].text for i in missing], num_perm=num_perm, seed=seed, k=shingle_k)
+        got = dict(texts_of(missing))
+        sig[missing] = mh.signatures([got.pop(i) for i in missing], num_perm=num_perm, seed=seed, k=shingle_k)
     empty = mh.is_empty(sig)
     sources = {}
     src = np.array([sources.setdefault(r.source, len(sources)) for r in order], dtype=np.int64)
@@ -278,10 +306,15 @@ def deduplicate(
     hash_sets: dict[int, np.ndarray] = {}
     rejected = {"near": 0, "cross_source": 0}
 
+    def prefetch(pairs: np.ndarray) -> None:
+        """Shingle-hash sets of every record of ``pairs`` not yet hashed (texts streamed)."""
+        need = sorted({int(x) for x in np.asarray(pairs).reshape(-1)} - set(hash_sets))
+        for x, text in texts_of(need):
+            hash_sets[x] = np.unique(mh.shingle_hashes([text], shingle_k)[0])
+
     def exact_j(i: int, j: int) -> float:
-        for x in (i, j):
-            if x not in hash_sets:
-                hash_sets[x] = np.unique(mh.shingle_hashes([order[x].text], shingle_k)[0])
+        if i not in hash_sets or j not in hash_sets:
+            prefetch(np.array([i, j]))
         a, b_ = hash_sets[i], hash_sets[j]
         inter = np.intersect1d(a, b_, assume_unique=True).size
         return inter / (a.size + b_.size - inter) if a.size + b_.size else 1.0
@@ -300,6 +333,11 @@ def deduplicate(
     b, r_ = near_lsh_params(threshold, num_perm)
     alive = np.array([k is None for k in kind], dtype=bool) & ~empty
     near_pairs = mh.candidate_pairs(mh.band_keys(sig, r_, 0, b), group=src, cross_group=False, skip=~alive)
+    if verify_exact and len(near_pairs):
+        p = np.asarray(near_pairs)
+        est_ok = np.concatenate([(sig[p[a:a + 65536, 0]] == sig[p[a:a + 65536, 1]]).mean(axis=1) >= threshold
+                                 for a in range(0, len(p), 65536)])
+        prefetch(p[est_ok])
     earlier: dict[int, list[int]] = {}
     for i, j in near_pairs.tolist():
         earlier.setdefault(j, []).append(i)
@@ -332,6 +370,7 @@ def deduplicate(
     est = mh.estimate_jaccard(csig, cand[:, 0], cand[:, 1]) if len(cand) else np.zeros(0)
     confirmed = cand[est >= threshold] if len(cand) else cand
     if verify_exact and len(confirmed):
+        prefetch(confirmed)
         ok = np.array([exact_j(i, j) >= threshold for i, j in confirmed.tolist()], dtype=bool)
         rejected["cross_source"] = int((~ok).sum())
         confirmed = confirmed[ok]

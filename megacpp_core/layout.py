@@ -26,10 +26,16 @@ def snapshot_prefix(snapshot: str) -> str:
     return f"snapshots/{snapshot}"
 
 
-def figures_key(snapshot: str, stage: str, source: str | None = None) -> str:
-    """Key of a stage's figures: ``figures/STAGE.json`` or ``figures/STAGE/SOURCE.json``."""
-    rel = f"{stage}.json" if source is None else f"{stage}/{source}.json"
+def figures_key(snapshot: str, stage: str, source: str | None = None, shard: str | None = None) -> str:
+    """Key of a stage's figures: ``figures/STAGE.json``, ``figures/STAGE/SOURCE.json`` or,
+    per revision × shard, ``figures/STAGE/SOURCE/SHARD.json``."""
+    rel = f"{stage}.json" if source is None else f"{stage}/{source}.json" if shard is None else f"{stage}/{source}/{shard}.json"
     return f"{snapshot_prefix(snapshot)}/figures/{rel}"
+
+
+def shard_plan_key(snapshot: str, source: str) -> str:
+    """Key of a revision's shard plan (written by acquire; :mod:`megacpp_core.sharding`)."""
+    return f"{snapshot_prefix(snapshot)}/revisions/{source}/shards.json"
 
 
 def manifest_key(snapshot: str) -> str:

@@ -118,6 +118,10 @@ class ManifestError(ValueError):
 class Settings:
     """Stage settings with the SPEC §4 defaults; any field can be overridden in ``settings:``."""
 
+    # shards (SPEC §5): a revision of B bytes splits into ceil(B / shard_bytes) shards by a
+    # stable hash of the path (megacpp_core.sharding); 64 MiB, the order of datatrove's
+    # and NeMo Curator's default input partitions
+    shard_bytes: int = 64 * 1024 * 1024
     # quality (SPEC §4 "Quality")
     extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
     max_file_bytes: int = 1_000_000
@@ -150,8 +154,10 @@ class Settings:
     minhash_num_perm: int = 128
     minhash_threshold: float = 0.7
     shingle_k: int = 5
-    # tokenizer (SPEC §4 "Tokenizer")
+    # tokenizer (SPEC §4 "Tokenizer"); BPE trains on at most this many bytes of kept text
+    # (a deterministic sample, SPEC §5 "a bounded sample")
     vocab_size: int = 131072
+    tokenizer_sample_bytes: int = 256 * 1024 * 1024
     # chunk / pack (SPEC §4, §6)
     row_length: int = 8192
     max_docs_per_shard: int = 50_000

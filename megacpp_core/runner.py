@@ -30,9 +30,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import layout
+from . import layout, sharding
 from .manifest import Manifest, Source
-from .stage import Dataset, Files, Kind, Partition, Partitioning, Result, SettingsView, Shards, Stage, StageError, Verdict
+from .stage import (Dataset, Files, Kind, Partition, Partitioning, PerShard, Result, SettingsView, Shards, Stage, StageError,
+                    Verdict)
 from .storage import DataRoot, MissingOutputError, Written
 
 log = logging.getLogger("megacpp.pipeline")
@@ -148,6 +149,17 @@ class InputRef:
                 yield got[self.key]
 
 
+def revision_shards(root: DataRoot, snapshot: str, source: str) -> list[str]:
+    """The shard keys of a revision, from its shard plan. Raises
+    :class:`~megacpp_core.storage.MissingOutputError` when the revision has not been
+    acquired, :class:`~megacpp_core.sharding.ShardPlanError` for a malformed plan."""
+    key = layout.shard_plan_key(snapshot, source)
+    if not root.exists(key):
+        raise MissingOutputError(f"{root.uri(key)}: missing — revision {snapshot}/{source} has no shard plan "
+                                 "(materialize source_files for it first)")
+    return sharding.shard_keys(root.read_json(key))
+
+
 def _settings_object(manifest: Manifest) -> Any:
     """The settings a stage may declare: every :class:`~megacpp_core.manifest.Settings`
     field plus ``tokenizer`` (the manifest's pinned tokenizer, or None)."""
@@ -181,22 +193,34 @@ class StageContext:
                              f"(declared: {sorted(self._inputs)})") from None
 
     def input(self, name: str) -> InputRef:
-        """The declared input ``name`` at this partition (a snapshot dataset at the
-        snapshot when this stage is per revision)."""
+        """The declared input ``name`` at this partition: a snapshot dataset at the
+        snapshot, a revision dataset at this partition's revision, a shard dataset at this
+        partition's shard (a per-revision stage reads a revision's shards with
+        :meth:`inputs`)."""
         d = self._declared(name)
+        p = self.partition
         if d.scope is Partitioning.SNAPSHOT:
-            return InputRef(self._root, d, Partition(self.partition.snapshot))
-        if self.partition.source is None:
+            return InputRef(self._root, d, Partition(p.snapshot))
+        if p.source is None or (d.scope is Partitioning.REVISION_SHARD and p.shard is None):
             raise StageError(f"stage {self.stage.name}: {name} is per {d.scope.value}; use ctx.inputs({name!r})")
-        return InputRef(self._root, d, Partition(self.partition.snapshot, self.partition.source))
+        if d.scope is Partitioning.REVISION:
+            return InputRef(self._root, d, Partition(p.snapshot, p.source))
+        return InputRef(self._root, d, p)
 
     def inputs(self, name: str) -> list[InputRef]:
-        """A per-revision input read by a snapshot stage: one :class:`InputRef` per source,
-        in manifest order."""
+        """Every partition of a finer-grained input: one :class:`InputRef` per source (in
+        manifest order) for a revision dataset read by a snapshot stage; per source and
+        shard (shard order, from each revision's plan) for a shard dataset — only this
+        revision's shards when the stage is per revision."""
         d = self._declared(name)
+        p = self.partition
         if d.scope is Partitioning.SNAPSHOT:
             return [self.input(name)]
-        return [InputRef(self._root, d, Partition(self.partition.snapshot, s.name)) for s in self.sources]
+        sources = [p.source] if p.source is not None else [s.name for s in self.sources]
+        if d.scope is Partitioning.REVISION:
+            return [InputRef(self._root, d, Partition(p.snapshot, s)) for s in sources]
+        return [InputRef(self._root, d, Partition(p.snapshot, s, k))
+                for s in sources for k in revision_shards(self._root, p.snapshot, s)]
 
     def tool(self, name: str) -> Any:
         """A declared tool (a ScanCode scanner, …): the one the orchestrator handed in, else
@@ -264,7 +288,19 @@ class GateContext:
         return self.ctx.inputs(name)
 
 
+def _shard_keys_written(root: DataRoot, d: Dataset, partition: Partition) -> list[str]:
+    """Every committed key of shard dataset ``d`` under revision ``partition`` (any shard)."""
+    head, _, tail = d.path.partition("{shard}")
+    prefix = f"snapshots/{partition.snapshot}/{head.format(source=partition.source).rstrip('/')}"
+    tail = tail.format(source=partition.source)
+    return [k for k in root.list(prefix) if k.endswith(tail) and k[len(prefix) + 1:-len(tail)].isdigit()]
+
+
 def _clear(root: DataRoot, d: Dataset, partition: Partition) -> None:
+    if d.scope is Partitioning.REVISION_SHARD and partition.shard is None:
+        for k in _shard_keys_written(root, d, partition):  # a per-revision stage re-splitting its revision
+            root.delete(k)
+        return
     key = d.key(partition)
     marker = d.marker_key(partition)
     if marker is not None:
@@ -277,6 +313,11 @@ def _clear(root: DataRoot, d: Dataset, partition: Partition) -> None:
 
 
 def _commit(root: DataRoot, d: Dataset, partition: Partition, value: Any) -> list[Written]:
+    if d.scope is Partitioning.REVISION_SHARD and partition.shard is None:
+        if not isinstance(value, PerShard):
+            raise StageError(f"output {d.name} is per shard: expected PerShard, got {type(value).__name__}")
+        return [w for shard, v in sorted(value.values.items())
+                for w in _commit(root, d, Partition(partition.snapshot, partition.source, shard), v)]
     key = d.key(partition)
     if d.kind is Kind.PARQUET:
         if not isinstance(value, pa.Table):
@@ -308,6 +349,16 @@ def _commit(root: DataRoot, d: Dataset, partition: Partition, value: Any) -> lis
             raise StageError(f"output {d.name}: its commit marker {marker} must be the last file written")
         return [root.put_file(value.files[n], f"{key}/{n}", move=True) for n in order]
     raise StageError(f"output {d.name}: unknown kind {d.kind}")
+
+
+def _schema_verdict(d: Dataset, value: Any) -> Verdict:
+    """The schema gate of output ``d`` (every shard of a :class:`PerShard` value)."""
+    if not isinstance(value, PerShard):
+        return tuple(d.schema(value))
+    bad = [(k, detail) for k, v in sorted(value.values.items()) for ok, detail in [d.schema(v)] if not ok]
+    if bad:
+        return False, f"shard {bad[0][0]}: {bad[0][1]}" + (f" (and {len(bad) - 1} more shards)" if len(bad) > 1 else "")
+    return True, f"{len(value.values)} shard(s) valid"
 
 
 def data_version(written: dict[str, list[Written]]) -> str:
@@ -347,9 +398,16 @@ def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
          t0: float) -> StageResult:
     for d in stage.outputs:
         _clear(root, d, partition)
-    root.delete(layout.figures_key(partition.snapshot, stage.name, partition.source))  # no stale figures
+    fig_key = layout.figures_key(partition.snapshot, stage.name, partition.source, partition.shard)
+    root.delete(fig_key)  # no stale figures
     written: dict[str, list[Written]] = {}
-    if stage.enabled is not None and not getattr(ctx.settings, stage.enabled):
+    shards = (revision_shards(root, partition.snapshot, partition.source)
+              if partition.partitioning is Partitioning.REVISION_SHARD else None)
+    if shards is not None and partition.shard not in shards:
+        result = Result({}, {"empty_shard": True})
+        checks = {c: (True, f"shard {partition.shard} is beyond the {len(shards)} shard(s) of {partition.source}: "
+                            "no file, nothing written") for c in stage.check_names}
+    elif stage.enabled is not None and not getattr(ctx.settings, stage.enabled):
         result = Result({}, {"enabled": False})
         checks = {c: (True, f"stage {stage.name} is off for this snapshot (settings.{stage.enabled}: false)")
                   for c in stage.check_names}
@@ -372,15 +430,16 @@ def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
                 checks[gate.__name__] = (False, f"gate raised {type(e).__name__}: {e}")
         for d in stage.outputs:
             if d.schema is not None:
-                checks[d.schema_check] = tuple(d.schema(result.outputs[d.name]))
+                checks[d.schema_check] = _schema_verdict(d, result.outputs[d.name])
     figures = dict(result.figures)
     figures["wall_seconds"] = round(time.perf_counter() - t0, 3)
-    root.write_json(layout.figures_key(partition.snapshot, stage.name, partition.source), figures)
+    if shards is None or partition.shard in shards:
+        root.write_json(fig_key, figures)
     res = StageResult(stage.name, partition, written, figures, checks, data_version(written),
                       settings_fingerprint(stage, manifest, partition))
     brief = ", ".join(f"{k}={figures[k]}" for k in ("files", "files_out", "documents", "tokens", "rows", "vocab_size")
                       if isinstance(figures.get(k), int))
-    log.info("%-12s %-28s %7.1fs  %s", stage.name, partition.source or partition.snapshot, figures["wall_seconds"], brief)
+    log.info("%-12s %-28s %7.1fs  %s", stage.name, partition.key, figures["wall_seconds"], brief)
     return res
 
 

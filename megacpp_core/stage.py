@@ -43,8 +43,9 @@ class Partitioning(enum.Enum):
 
     #: one ``repo_revision`` partition per source of a snapshot (key ``SNAPSHOT/SOURCE``)
     REVISION = "revision"
-    #: a revision split into bounded shards (key ``SNAPSHOT/SOURCE/SHARD``); reserved for
-    #: the per-document stages once the shard dimension lands
+    #: a revision split into bounded shards (key ``SNAPSHOT/SOURCE/SHARD``; in Dagster the
+    #: multi-partition ``SNAPSHOT/SOURCE|SHARD``): the per-document stages
+    #: (:mod:`megacpp_core.sharding`)
     REVISION_SHARD = "revision_shard"
     #: one ``snapshot`` partition per manifest (key ``SNAPSHOT``)
     SNAPSHOT = "snapshot"
@@ -70,8 +71,30 @@ class Partition:
 
     @property
     def key(self) -> str:
-        """The Dagster partition key: ``SNAPSHOT``, ``SNAPSHOT/SOURCE`` or ``SNAPSHOT/SOURCE/SHARD``."""
-        return "/".join(p for p in (self.snapshot, self.source, self.shard) if p is not None)
+        """The Dagster partition key: ``SNAPSHOT``, ``SNAPSHOT/SOURCE`` or, for a shard (a
+        multi-partition of the ``revision`` and ``shard`` dimensions), ``SNAPSHOT/SOURCE|SHARD``."""
+        base = self.snapshot if self.source is None else f"{self.snapshot}/{self.source}"
+        return base if self.shard is None else f"{base}|{self.shard}"
+
+    @classmethod
+    def parse(cls, key: str, partitioning: "Partitioning") -> "Partition":
+        """The partition of Dagster key ``key`` (see :attr:`key`) for a stage with
+        ``partitioning``; raises ``ValueError`` for a key of another form."""
+        if partitioning is Partitioning.SNAPSHOT:
+            if not key or "/" in key or "|" in key:
+                raise ValueError(f"snapshot partition key {key!r} is not of the form SNAPSHOT")
+            return cls(key)
+        rev, bar, shard = key.partition("|")
+        snapshot, sep, source = rev.partition("/")
+        if not sep or not snapshot or not source or "/" in source:
+            raise ValueError(f"partition key {key!r} is not of the form SNAPSHOT/SOURCE[|SHARD]")
+        if partitioning is Partitioning.REVISION:
+            if bar:
+                raise ValueError(f"repo_revision partition key {key!r} has a shard")
+            return cls(snapshot, source)
+        if not bar or not shard:
+            raise ValueError(f"revision × shard partition key {key!r} is not of the form SNAPSHOT/SOURCE|SHARD")
+        return cls(snapshot, source, shard)
 
     @property
     def partitioning(self) -> Partitioning:
@@ -118,6 +141,8 @@ class Dataset:
         """The data-root key of this dataset for ``partition`` (which must match the scope)."""
         if self.scope is not Partitioning.SNAPSHOT and partition.source is None:
             raise ValueError(f"dataset {self.name} is per {self.scope.value}; partition {partition.key!r} has no source")
+        if self.scope is Partitioning.REVISION_SHARD and partition.shard is None:
+            raise ValueError(f"dataset {self.name} is per revision × shard; partition {partition.key!r} has no shard")
         rel = self.path.format(source=partition.source, shard=partition.shard)
         return f"snapshots/{partition.snapshot}/{rel}"
 
@@ -145,6 +170,14 @@ class Shards:
     files: list[tuple[str, Any, dict]]
     sentinel: dict
     row_group_size: int = 1024
+
+
+@dataclass(frozen=True)
+class PerShard:
+    """The value of a per-shard output written by a per-revision stage (acquire, which
+    decides the shards): ``{shard key: value}`` for every shard of the revision."""
+
+    values: dict[str, Any]
 
 
 @dataclass
@@ -201,7 +234,8 @@ class Stage:
         if len(names) != len(set(names)):
             raise ValueError(f"stage {self.name}: duplicate check names {names}")
         for d in self.outputs:
-            if d.scope is not self.partitioning:
+            splits = self.partitioning is Partitioning.REVISION and d.scope is Partitioning.REVISION_SHARD
+            if d.scope is not self.partitioning and not splits:
                 raise ValueError(f"stage {self.name} is per {self.partitioning.value} but writes {d.name} per {d.scope.value}")
         if self.enabled is not None and self.enabled not in self.settings:
             raise ValueError(f"stage {self.name}: switch {self.enabled!r} must be one of its settings")

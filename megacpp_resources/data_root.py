@@ -30,13 +30,11 @@ class DataRootResource(ConfigurableResource):
     def resolve(self, partition_key: str, partitioning: Partitioning) -> tuple[DataRoot, Manifest, Partition]:
         """The data root, manifest and :class:`~megacpp_core.stage.Partition` of a Dagster
         partition key: ``SNAPSHOT`` for snapshot assets, ``SNAPSHOT/SOURCE`` for revision
-        assets. Raises ``ValueError`` for a malformed key, ``KeyError`` for an unknown source."""
+        assets, ``SNAPSHOT/SOURCE|SHARD`` for revision × shard assets. Raises
+        ``ValueError`` for a malformed key, ``KeyError`` for an unknown source."""
         root = self.root()
-        if partitioning is Partitioning.SNAPSHOT:
-            return root, snapshot_manifest(root, partition_key), Partition(partition_key)
-        snapshot, sep, source = partition_key.partition("/")
-        if not sep or not snapshot or not source or "/" in source:
-            raise ValueError(f"repo_revision partition key {partition_key!r} is not of the form SNAPSHOT/SOURCE")
-        manifest = snapshot_manifest(root, snapshot)
-        manifest.source(source)
-        return root, manifest, Partition(snapshot, source)
+        partition = Partition.parse(str(partition_key), partitioning)
+        manifest = snapshot_manifest(root, partition.snapshot)
+        if partition.source is not None:
+            manifest.source(partition.source)
+        return root, manifest, partition

@@ -1,6 +1,7 @@
 """Pandera schema of the stage-3 ``scrubbed`` table (SPEC §4 row 3).
 
-One row per license-accepted file with its scrubbed text and its license provenance.
+One row per license-accepted file with its scrubbed text, the sha256 of that text's UTF-8
+bytes (what exact dedup compares, so dedup never reads texts) and its license provenance.
 No row may carry a ``refuse`` decision. :func:`validate_scrubbed` backs the blocking
 ``scrub_schema`` asset check; the leak re-scan itself is the separate
 ``rescan_finds_nothing`` check.
@@ -29,6 +30,7 @@ SCRUBBED = pa.DataFrameSchema(
         "license_class": pa.Column(str, pa.Check.isin([c for c in CLASS_ORDER if c != "refused"])),
         "license_decision": pa.Column(str, pa.Check.isin(["accept", "accept_tagged"])),
         "spdx_expression": pa.Column(str, nullable=True),
+        "content_sha256": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$")),
         "text": pa.Column(str),
     },
     checks=[

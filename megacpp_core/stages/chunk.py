@@ -1,6 +1,7 @@
 """Stage 6 — chunk and enrich (SPEC §4 "Chunking", "Enrichment").
 
-Per snapshot. Inputs: ``kept`` files, the snapshot ``tokenizer`` (exact budgets) and, when
+Per snapshot. Inputs: the kept files (the scrubbed shards filtered by the dedup
+``decisions``, in keep order, :mod:`megacpp_core.kept`), the snapshot ``tokenizer`` (exact budgets) and, when
 the libclang lane is on, every revision's ``semantic_edges`` and ``build_info``. Output:
 ``chunks`` — documents split at declaration boundaries under ``row_length - 1`` tokens (one
 slot is the BOS), each with its bucket and, unless ``settings.enrichment`` is off, the
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import catalog, chunk, snapshot_tokenizer
+from .. import kept as kept_files
 from .. import tokenizer as tk
 from ..pack import CHUNK_TYPE, EDGE_TYPE, PLATFORM_TYPE
 from ..stage import Partitioning, Result, Stage, StageError
@@ -77,7 +79,7 @@ def compute(ctx) -> Result:
     s = ctx.settings
     budget = s.row_length - 1
     enriching = s.enrichment
-    kept = ctx.input("kept").read()
+    kept = kept_files.kept_table(ctx.inputs("scrubbed"), ctx.input("decisions").read(columns=["doc_key", "keep"]))
     d = kept.to_pydict()
     schema = DOCUMENTS_SCHEMA
     if enriching:
@@ -175,7 +177,7 @@ STAGE = Stage(
     description="Stage 6: tree-sitter split at declaration boundaries under an exact token budget (brace-balanced "
                 "fallback for files with ERROR nodes), buckets, and enrichment: structure/AST planes, chunk graph, "
                 "platform labels; the libclang lane's edges replace tree-sitter's for the files it covers.",
-    inputs=(catalog.KEPT, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST, catalog.SEMANTIC_EDGES, catalog.BUILD_INFO),
+    inputs=(catalog.SCRUBBED, catalog.DECISIONS, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST, catalog.SEMANTIC_EDGES, catalog.BUILD_INFO),
     outputs=(catalog.CHUNKS,), settings=("row_length", "enrichment", "semantic_graph"), gates=(budgets_hold,),
     figures=("files", "documents", "files_split", "budget_tokens", "max_document_tokens", "parse_error_files",
              "brace_fallback_files", "brace_fallback_rate", "fallback_splits", "kinds", "buckets", "documents_over_bucket",

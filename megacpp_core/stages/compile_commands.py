@@ -13,14 +13,14 @@ from .. import acquire, catalog, compile_commands
 from ..stage import Partitioning, Result, Stage
 
 
-def revision_files(ref) -> tuple[list[tuple[str, bytes]], str]:
-    """Every file of a revision as ``(path, bytes)`` and its revision id, from a
-    ``source_files`` input (:func:`megacpp_core.acquire.tree_files`)."""
-    return acquire.tree_files(ref.read(columns=["path", "content", "revision"]))
+def revision_files(refs) -> tuple[list[tuple[str, bytes]], str]:
+    """Every file of a revision as ``(path, bytes)`` and its revision id, from its
+    ``source_files`` shards (:func:`megacpp_core.acquire.tree_files`)."""
+    return acquire.tree_files(acquire.revision_table(refs, ["path", "content", "revision"]))
 
 
 def compute(ctx) -> Result:
-    files, revision = revision_files(ctx.input("source_files"))
+    files, revision = revision_files(ctx.inputs("source_files"))
     db = compile_commands.build_database(files, revision)
     figures = {"enabled": True, "shipped": db.shipped, "shipped_path": db.shipped_path, "entries": len(db.entries),
                "inputs_sha256": db.inputs_sha256, "revision": revision,
@@ -30,7 +30,7 @@ def compute(ctx) -> Result:
 
 def database_current(g):
     """The committed database parses and was built for this revision from these inputs."""
-    files, revision = revision_files(g.input("source_files"))
+    files, revision = revision_files(g.inputs("source_files"))
     try:
         db = compile_commands.load_database(g.output("compile_commands").read_text(), files, revision)
     except ValueError as e:  # StaleDatabaseError is a ValueError

@@ -1,15 +1,20 @@
 """Stage 4 — exact, near and cross-source dedup decisions (SPEC §4 "Dedup").
 
-Per snapshot, fanning in from every revision. Inputs: every revision's ``scrubbed`` files
-and ``minhash`` signatures, and the cross-source candidate pairs of every LSH band range.
-Outputs: ``decisions`` (keep/drop per file; a drop names its kept twin), ``duplicate_clusters``
-and ``kept`` — the surviving files in keep order (license rank, source order, path), the
-order every later stage follows. The rules are :mod:`megacpp_core.dedup`.
+Per snapshot, fanning in from every revision × shard, on bounded summaries: the scrubbed
+shards' metadata and ``content_sha256`` (never the texts), the ``minhash`` signatures and
+the cross-source candidate pairs of every LSH band range. Only the texts of records in a
+candidate pair whose estimate reaches the threshold are streamed (record batches, shard by
+shard) for the exact-Jaccard verification, and only their shingle-hash sets are kept.
+Outputs: ``decisions`` (keep/drop per file; a drop names its kept twin) and
+``duplicate_clusters``; later stages read the kept files shard by shard
+(:mod:`megacpp_core.kept`) in keep order (license rank, source order, path). The rules
+are :mod:`megacpp_core.dedup`.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from megacpp_checks.schemas import dedup as dedup_schema
 
@@ -27,13 +32,33 @@ CLUSTERS_SCHEMA = pa.schema([
 ])
 
 
+#: Scrubbed columns dedup reads: everything but the text (the exact pass compares
+#: ``content_sha256``; the exact-Jaccard verification streams only candidate texts).
+META_COLUMNS = ["doc_key", "source", "source_order", "path", "license_class", "content_sha256"]
+
+
 def compute(ctx) -> Result:
     s = ctx.settings
-    docs = pa.concat_tables([ref.read() for ref in ctx.inputs("scrubbed")])
+    shards = ctx.inputs("scrubbed")
+    metas = [ref.read(columns=META_COLUMNS) for ref in shards]
+    docs = pa.concat_tables(metas) if metas else pa.table({c: pa.array([], pa.string()) for c in META_COLUMNS})
     d = docs.to_pydict()
     records = [dedup.DedupRecord(doc_key=d["doc_key"][i], source=d["source"][i], source_order=d["source_order"][i],
-                                 path=d["path"][i], license_class=d["license_class"][i], text=d["text"][i])
+                                 path=d["path"][i], license_class=d["license_class"][i], text=None,
+                                 content_sha256=d["content_sha256"][i])
                for i in range(docs.num_rows)]
+    del d
+    texts_read = [0]
+
+    def load_texts(keys: set[str]):
+        """Stream ``(doc_key, text)`` of ``keys`` shard by shard (record batches)."""
+        value_set = pa.array(sorted(keys), pa.string())
+        for ref in shards:
+            for batch in ref.parquet_file().iter_batches(batch_size=1024, columns=["doc_key", "text"]):
+                hit = batch.filter(pc.is_in(batch.column(0), value_set=value_set))
+                texts_read[0] += hit.num_rows
+                yield from zip(hit.column(0).to_pylist(), hit.column(1).to_pylist())
+
     sigs = {}
     for ref in ctx.inputs("minhash"):
         keys, sig = table_signatures(ref.read(), ref.uri)
@@ -44,19 +69,15 @@ def compute(ctx) -> Result:
         t = ctx.input(catalog.LSH_PAIRS[(lo, hi)].name).read()
         cross_pairs += list(zip(t.column("doc_key_a").to_pylist(), t.column("doc_key_b").to_pylist()))
     result = dedup.deduplicate(records, num_perm=s.minhash_num_perm, threshold=s.minhash_threshold, shingle_k=s.shingle_k,
-                               signatures=sigs, cross_pairs=cross_pairs)
+                               signatures=sigs, cross_pairs=cross_pairs, load_texts=load_texts)
     decisions = pa.Table.from_pylist(result.decisions, schema=DECISIONS_SCHEMA)
     clusters = pa.Table.from_pylist(result.clusters, schema=CLUSTERS_SCHEMA)
-    keep = {r["doc_key"] for r in result.decisions if r["keep"]}
-    kept = docs.filter(pa.array([k in keep for k in d["doc_key"]], type=pa.bool_()))
-    k = kept.select(["license_class", "source_order", "path"]).to_pydict()
-    order = sorted(range(kept.num_rows), key=lambda i: (dedup.LICENSE_RANK[k["license_class"][i]], k["source_order"][i], k["path"][i]))
-    kept = kept.take(pa.array(order, type=pa.int64()))
     figures = dict(result.figures)
-    figures["bytes_out"] = int(sum(len(t.encode("utf-8")) for t in kept.column("text").to_pylist()))
     figures["signatures_precomputed"] = len(sigs) == docs.num_rows
     figures["cross_pairs_from_band_steps"] = True
-    return Result({"decisions": decisions, "duplicate_clusters": clusters, "kept": kept}, figures)
+    figures["texts_read_for_verification"] = texts_read[0]
+    figures["shards_in"] = len(shards)
+    return Result({"decisions": decisions, "duplicate_clusters": clusters}, figures)
 
 
 def each_drop_names_kept_twin(g):
@@ -78,7 +99,8 @@ STAGE = Stage(
     description="Stage 4: SHA-256 exact dedup, MinHash-LSH near dedup within each source, then the cross-source "
                 "union-find pass over the merged band-range candidate pairs; writes duplicate_clusters.",
     inputs=(catalog.SCRUBBED, catalog.MINHASH, *catalog.LSH_PAIRS.values()),
-    outputs=(catalog.DECISIONS, catalog.DUPLICATE_CLUSTERS, catalog.KEPT),
+    outputs=(catalog.DECISIONS, catalog.DUPLICATE_CLUSTERS),
     settings=("minhash_num_perm", "minhash_threshold", "shingle_k"), gates=(each_drop_names_kept_twin,),
-    figures=(*DEDUP_FIGURES, "bytes_out", "signatures_precomputed", "cross_pairs_from_band_steps"),
+    figures=(*DEDUP_FIGURES, "signatures_precomputed", "cross_pairs_from_band_steps", "texts_read_for_verification",
+             "shards_in"),
 )

@@ -1,7 +1,7 @@
 """Stage 2 — license scan and filter (SPEC §4 "License").
 
-Per repo revision. Inputs: ``source_files`` (for license files of the tree) and
-``quality_kept``. Output: ``license`` — one decision per kept file (SPDX expression,
+Per repo revision × shard (:mod:`megacpp_core.sharding`). Inputs: ``license_texts`` (the license files of the
+whole revision tree, written by acquire) and the shard's ``quality_kept``. Output: ``license`` — one decision per kept file (SPDX expression,
 class, accept / accept_tagged / refuse, reason, origin). The evidence rules and ScanCode
 wrapper are :mod:`megacpp_core.license`; the ScanCode index loads once per process.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .. import catalog, dep5, license
+from .. import acquire, catalog, dep5, license
 from ..stage import Partitioning, Result, Stage
 from ..tables import value_counts
 
@@ -52,17 +52,15 @@ def license_policy(settings) -> license.LicensePolicy:
 
 
 def compute(ctx) -> Result:
-    files = ctx.input("source_files").read(columns=["path", "content", "size"])
+    files = ctx.input("license_texts").read(columns=["path", "content", "size"])
     kept = ctx.input("quality_kept").read(columns=["doc_key", "path", "text"])
     kept_text = dict(zip(kept.column("path").to_pylist(), kept.column("text").to_pylist()))
-    texts: dict[str, str] = {}
+    texts: dict[str, str] = dict(kept_text)  # this shard's kept files, then the tree's license files
     copyright_file = None
     for p, b, size in zip(files.column("path").to_pylist(), files.column("content").to_pylist(), files.column("size").to_pylist()):
         if p == dep5.COPYRIGHT_PATH and ctx.source.kind == "debian":
             copyright_file = dep5.parse_copyright(b)
-        if p in kept_text:
-            texts[p] = kept_text[p]
-        elif license.is_license_file(p) and size <= 1_000_000:
+        if p not in texts and license.is_license_file(p) and size <= acquire.MAX_LICENSE_FILE_BYTES:
             texts[p] = b.decode("utf-8", errors="replace")
     scanner = ctx.tool("scancode")
     policy = license_policy(ctx.settings)
@@ -97,9 +95,9 @@ def every_file_decided(g):
 
 
 STAGE = Stage(
-    name="license", asset="license_files", partitioning=Partitioning.REVISION, compute=compute, code_version="2",
+    name="license", asset="license_files", partitioning=Partitioning.REVISION_SHARD, compute=compute, code_version="2",
     description="Stage 2: ScanCode license detection; SPDX expression, class and decision per file.",
-    inputs=(catalog.SOURCE_FILES, catalog.QUALITY_KEPT), outputs=(catalog.LICENSE,), settings=SETTINGS,
+    inputs=(catalog.LICENSE_TEXTS, catalog.QUALITY_KEPT), outputs=(catalog.LICENSE,), settings=SETTINGS,
     gates=(every_file_decided,), tools={"scancode": shared_scanner},
     figures=("files_in", "files_out", "classes", "decisions", "origins", "expressions", "scancode_runs",
              "scancode_cache_hits", "dep5"),

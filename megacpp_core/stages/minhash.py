@@ -1,6 +1,6 @@
 """Stage 4a — MinHash signatures of one revision's scrubbed files (SPEC §4 "Dedup").
 
-Per repo revision, so each can run as its own pod (``heavy="minhash"``). Input:
+Per repo revision × shard, so each can run as its own pod (``heavy="minhash"``). Input:
 ``scrubbed``. Output: ``minhash`` — uint32[num_perm] per file with the snapshot's
 ``minhash_num_perm`` and ``shingle_k`` and seed 1 (:mod:`megacpp_core.minhash`).
 """
@@ -38,7 +38,7 @@ def one_signature_per_file(g):
 
 
 STAGE = Stage(
-    name="minhash", asset="minhash_signatures", partitioning=Partitioning.REVISION, compute=compute, code_version="1",
+    name="minhash", asset="minhash_signatures", partitioning=Partitioning.REVISION_SHARD, compute=compute, code_version="1",
     description="Stage 4a: MinHash signatures (uint32[128] per file, 5-token shingles) of one revision.",
     inputs=(catalog.SCRUBBED,), outputs=(catalog.MINHASH,), settings=("minhash_num_perm", "shingle_k"),
     gates=(one_signature_per_file,), heavy="minhash",

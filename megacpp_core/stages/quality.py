@@ -1,6 +1,6 @@
 """Stage 1 — quality filter: extension whitelist and code heuristics (SPEC §4 "Quality").
 
-Per repo revision. Input: ``source_files``. Outputs: ``quality_kept`` (decoded text of
+Per repo revision × shard (:mod:`megacpp_core.sharding`). Input: ``source_files``. Outputs: ``quality_kept`` (decoded text of
 every kept file) and ``exclusions`` (every rejected file with its filter, measured value
 and threshold). The rules are :mod:`megacpp_core.quality`.
 """
@@ -38,7 +38,7 @@ def every_rejection_has_reason(g):
 
 
 STAGE = Stage(
-    name="quality", asset="quality_files", partitioning=Partitioning.REVISION, compute=compute, code_version="1",
+    name="quality", asset="quality_files", partitioning=Partitioning.REVISION_SHARD, compute=compute, code_version="1",
     description="Stage 1: extension whitelist and quality heuristics; rejected files go to the exclusions table.",
     inputs=(catalog.SOURCE_FILES,), outputs=(catalog.QUALITY_KEPT, catalog.EXCLUSIONS), settings=SETTINGS,
     gates=(counts_add_up, every_rejection_has_reason),

@@ -1,13 +1,15 @@
 """Stage 3 — PII and secret scrub (SPEC §4 "Scrub"), before tokenization, never after.
 
-Per repo revision. Inputs: ``quality_kept``, ``license`` (refused files are dropped here)
-and ``source_files`` (the revision id). Output: ``scrubbed`` — the scrubbed text of every
+Per repo revision × shard (:mod:`megacpp_core.sharding`). Inputs: the shard's ``quality_kept`` and ``license`` (refused files
+are dropped here) and the revision's ``shard_plan`` (the revision id). Output: ``scrubbed`` — the scrubbed text of every
 license-accepted file with its license provenance. Fail closed: a re-scan of each output
 text must find nothing (:func:`megacpp_core.scrub.scrub_text` raises otherwise). The
 detectors are :mod:`megacpp_core.scrub`.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import pyarrow as pa
 
@@ -17,7 +19,8 @@ from ..stage import Partitioning, Result, Stage, StageError
 SCRUBBED_SCHEMA = pa.schema([
     ("doc_key", pa.string()), ("source", pa.string()), ("source_order", pa.int32()), ("path", pa.string()),
     ("language", pa.string()), ("archive_sha256", pa.string()), ("license_class", pa.string()),
-    ("license_decision", pa.string()), ("spdx_expression", pa.string()), ("text", pa.large_string()),
+    ("license_decision", pa.string()), ("spdx_expression", pa.string()), ("content_sha256", pa.string()),
+    ("text", pa.large_string()),
 ])
 #: Redactions kept in the figures for human review (the card shows 20 over all sources).
 SAMPLES = 20
@@ -27,8 +30,7 @@ def compute(ctx) -> Result:
     source = ctx.source
     kept = ctx.input("quality_kept").read()
     lic = ctx.input("license").read()
-    revisions = ctx.input("source_files").read(columns=["revision"]).column("revision")
-    revision = revisions[0].as_py() if len(revisions) else source.sha256
+    revision = ctx.input("shard_plan").read_json().get("revision") or source.sha256
     decision = {k: (c, d, e) for k, c, d, e in zip(lic.column("doc_key").to_pylist(), lic.column("license_class").to_pylist(),
                                                  lic.column("decision").to_pylist(), lic.column("spdx_expression").to_pylist())}
     cols = {f.name: [] for f in SCRUBBED_SCHEMA}
@@ -50,7 +52,8 @@ def compute(ctx) -> Result:
                 samples.append({"doc_key": key, **smp})
         for name, value in (("doc_key", key), ("source", source.name), ("source_order", source.order), ("path", path),
                             ("language", lang), ("archive_sha256", revision), ("license_class", cls),
-                            ("license_decision", dec), ("spdx_expression", expr), ("text", r.text)):
+                            ("license_decision", dec), ("spdx_expression", expr),
+                            ("content_sha256", hashlib.sha256(r.text.encode("utf-8")).hexdigest()), ("text", r.text)):
             cols[name].append(value)
     table = pa.table(cols, schema=SCRUBBED_SCHEMA)
     figures = {"files_in": kept.num_rows, "files_out": table.num_rows, "refused_by_license": kept.num_rows - table.num_rows,
@@ -73,9 +76,9 @@ def rescan_finds_nothing(g):
 
 
 STAGE = Stage(
-    name="scrub", asset="scrubbed_files", partitioning=Partitioning.REVISION, compute=compute, code_version="2",
+    name="scrub", asset="scrubbed_files", partitioning=Partitioning.REVISION_SHARD, compute=compute, code_version="2",
     description="Stage 3: PII and secret scrub of license-accepted files; fail-closed re-scan.",
-    inputs=(catalog.QUALITY_KEPT, catalog.LICENSE, catalog.SOURCE_FILES), outputs=(catalog.SCRUBBED,),
+    inputs=(catalog.QUALITY_KEPT, catalog.LICENSE, catalog.SHARD_PLAN), outputs=(catalog.SCRUBBED,),
     gates=(no_refused_license_downstream, rescan_finds_nothing),
     figures=("files_in", "files_out", "refused_by_license", "redactions", "samples"),
 )

@@ -38,12 +38,12 @@ def _progress(what: str, emit, every_s: float = 30.0):
 
 def compute(ctx) -> Result:
     source, s = ctx.source, ctx.settings
-    files, revision = acquire.tree_files(ctx.input("source_files").read(columns=["path", "content", "revision"]))
+    files, revision = acquire.tree_files(acquire.revision_table(ctx.inputs("source_files"), ["path", "content", "revision"]))
     try:
         db = compile_commands.load_database(ctx.input("compile_commands").read_text(), files, revision)
     except (FileNotFoundError, ValueError) as e:
         raise StageError(f"semantic_graph {source.name}: no current compile database: {e}") from e
-    kept = ctx.input("scrubbed").read(columns=["path", "language", "text"]).to_pydict()
+    kept = acquire.revision_table(ctx.inputs("scrubbed"), ["path", "language", "text"]).to_pydict()
     kept_text = {p: (t, lang) for p, lang, t in zip(kept["path"], kept["language"], kept["text"])}
     tus = dataclasses.replace(db, entries=[e for e in db.entries if e["file"] in kept_text])
     tree_files = [(p, kept_text[p][0].encode("utf-8", "surrogatepass") if p in kept_text else data) for p, data in files]

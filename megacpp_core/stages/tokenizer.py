@@ -1,6 +1,8 @@
 """Stage 5 — the hybrid tokenizer (SPEC §4 "Tokenizer").
 
-Per snapshot. Input: ``kept`` (the deduplicated files). Outputs: ``tokenizer``
+Per snapshot. Inputs: the scrubbed shards and the dedup ``decisions``: the tokenizer trains
+on a bounded, deterministic sample of the kept files (``settings.tokenizer_sample_bytes``,
+:func:`megacpp_core.kept.sample`; every kept file when they fit). Outputs: ``tokenizer``
 (``tokenizer.json``) and ``tokenizer_manifest`` (sha256, vocabulary size, band layout).
 Trains the hybrid byte-level BPE (:mod:`megacpp_core.tokenizer`), or takes the manifest's
 pinned ``tokenizer: {path, sha256}`` (sha256 checked, no training). Fails closed when any
@@ -14,12 +16,14 @@ import json
 import tokenizers
 
 from .. import catalog
+from .. import kept as kept_files
 from .. import tokenizer as tk
 from ..stage import Partitioning, Result, Stage, StageError
 
 
 def compute(ctx) -> Result:
-    kept = ctx.input("kept").read(columns=["doc_key", "text"])
+    kept = kept_files.sample(ctx.inputs("scrubbed"), ctx.input("decisions").read(columns=["doc_key", "keep"]),
+                             ctx.settings.tokenizer_sample_bytes)
     texts = kept.column("text").to_pylist()
     if not texts:
         raise StageError(f"snapshot {ctx.snapshot!r}: no file is left after quality, license, scrub and dedup "
@@ -83,7 +87,8 @@ STAGE = Stage(
     name="tokenizer", asset="tokenizer", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
     kinds=("json",),
     description="Stage 5: byte-level BPE trained on the deduplicated snapshot; special tokens at IDs 0-63.",
-    inputs=(catalog.KEPT,), outputs=(catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST), settings=("vocab_size", "tokenizer"),
+    inputs=(catalog.SCRUBBED, catalog.DECISIONS), outputs=(catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),
+    settings=("vocab_size", "tokenizer", "tokenizer_sample_bytes"),
     gates=(vocab_size_exact, fixed_special_ids, round_trip_every_document),
     figures=("vocab_size", "fixed", "learned", "reserved", "sha256", "bands", "training_documents", "pinned",
              "seed_morphemes", "ids_in_vocab", "fixed_at_ids", "round_trip_failures"),

@@ -1,0 +1,87 @@
+"""The kept files of a snapshot, read shard by shard from the scrubbed shards and the dedup
+decisions (there is no snapshot-wide copy of the texts).
+
+Stage 4 writes decisions only (keep/drop per ``doc_key``, from hashes and signatures);
+readers that need the kept texts stream every revision's scrubbed shards, keep the rows
+the decisions keep, and put them in **keep order** — ``(LICENSE_RANK[license_class],
+source_order, path)``, the order every later stage follows. The result does not depend on
+the number of shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .dedup import LICENSE_RANK
+
+
+def kept_keys(decisions: pa.Table) -> pa.Array:
+    """The ``doc_key`` of every kept file of a ``decisions`` table (string array)."""
+    return decisions.filter(pc.field("keep")).column("doc_key").combine_chunks()
+
+
+def iter_kept(refs: Iterable, keys: pa.Array, columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """The kept rows of each scrubbed shard (``refs``: input references with ``read``), one
+    shard at a time; ``columns`` must include ``doc_key`` when given."""
+    for ref in refs:
+        t = ref.read(columns=columns)
+        if t.num_rows:
+            yield t.filter(pc.is_in(t.column("doc_key"), value_set=keys))
+
+
+def keep_order(table: pa.Table) -> pa.Table:
+    """``table`` (with ``license_class``, ``source_order``, ``path``) sorted in keep order."""
+    rank = pa.array([LICENSE_RANK[c] for c in table.column("license_class").to_pylist()], type=pa.int32())
+    order = pc.sort_indices(pa.table({"r": rank, "s": table.column("source_order"), "p": table.column("path")}),
+                            sort_keys=[("r", "ascending"), ("s", "ascending"), ("p", "ascending")])
+    return table.take(order)
+
+
+def kept_table(refs: Iterable, decisions: pa.Table, columns: list[str] | None = None) -> pa.Table:
+    """Every kept file of the scrubbed shards ``refs`` in keep order (``columns`` plus the
+    keep-order columns). Holds the kept rows of the snapshot: for snapshot-wide readers
+    only (the tokenizer takes a bounded sample with :func:`sample`)."""
+    cols = None if columns is None else sorted(set(columns) | {"doc_key", "license_class", "source_order", "path"})
+    parts = list(iter_kept(refs, kept_keys(decisions), cols))
+    if not parts:
+        return pa.table({})
+    return keep_order(pa.concat_tables(parts))
+
+
+def sample(refs: list, decisions: pa.Table, max_bytes: int) -> pa.Table:
+    """A bounded, deterministic sample of the kept files (``doc_key``, ``text``), in keep
+    order: every kept file when their UTF-8 text totals at most ``max_bytes``; else the
+    files taken in ascending sha256 of their ``doc_key`` while the total stays within
+    ``max_bytes`` (the same files whatever the shard count or the order of work). Two
+    passes over the shards: lengths first, then the chosen texts; memory is one shard plus
+    the sample."""
+    import hashlib
+
+    keys = kept_keys(decisions)
+    meta = []
+    for t in iter_kept(refs, keys, ["doc_key", "license_class", "source_order", "path", "text"]):
+        meta.append(t.select(["doc_key", "license_class", "source_order", "path"]).append_column(
+            "nbytes", pc.binary_length(pc.cast(t.column("text"), pa.large_binary()))))
+    if not meta:
+        return pa.table({"doc_key": pa.array([], pa.string()), "text": pa.array([], pa.large_string())})
+    m = pa.concat_tables(meta)
+    total = int(pc.sum(m.column("nbytes")).as_py() or 0)
+    if total > max_bytes:
+        ranked = sorted(zip(m.column("doc_key").to_pylist(), m.column("nbytes").to_pylist()),
+                        key=lambda kv: hashlib.sha256(kv[0].encode("utf-8")).digest())
+        chosen, used = [], 0
+        for k, n in ranked:
+            if used + n <= max_bytes:
+                chosen.append(k)
+                used += n
+        m = m.filter(pc.is_in(m.column("doc_key"), value_set=pa.array(chosen, pa.string())))
+    order = keep_order(m).column("doc_key")
+    texts = {}
+    for t in iter_kept(refs, order.combine_chunks(), ["doc_key", "text"]):
+        texts.update(zip(t.column("doc_key").to_pylist(), t.column("text").to_pylist()))
+    keys_in_order = order.to_pylist()
+    return pa.table({"doc_key": pa.array(keys_in_order, pa.string()),
+                     "text": pa.array([texts[k] for k in keys_in_order], pa.large_string())})

@@ -1,0 +1,214 @@
+"""The revision × shard dimension (megacpp_core.sharding): deterministic shards, the
+Dagster grid, and the same snapshot with one shard per revision and with many.
+
+The integration test materializes ``tiny`` a second time with ``shard_bytes`` small
+enough to split every revision into many shards, and compares it with the session's
+one-shard-per-revision run: the same files in the same shards' union, the same dedup
+decisions and documents, byte-identical packed parquet shards and Megatron ``.bin/.idx``,
+and the row contract on every row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from megacpp_core import sharding
+from megacpp_core.stage import Partition, Partitioning
+
+from .conftest import environ, make_data_root
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- sharding rules
+
+
+def test_shard_count_follows_size_and_setting():
+    assert sharding.shard_count(0, 64) == 1
+    assert sharding.shard_count(64, 64) == 1
+    assert sharding.shard_count(65, 64) == 2
+    assert sharding.shard_count(10 * 64, 64) == 10
+    with pytest.raises(ValueError, match="positive"):
+        sharding.shard_count(10, 0)
+    with pytest.raises(ValueError, match="raise settings.shard_bytes"):
+        sharding.shard_count(10 ** 6, 10)
+
+
+def test_shard_of_is_a_stable_hash_of_the_path():
+    paths = [f"src/dir{i % 7}/file{i}.cc" for i in range(2000)]
+    n = 8
+    a = [sharding.shard_of(p, n) for p in paths]
+    assert a == [sharding.shard_of(p, n) for p in reversed(paths)][::-1]  # order of work does not matter
+    assert a[0] == int(hashlib.sha256(paths[0].encode()).hexdigest()[:16], 16) % n  # the documented rule
+    counts = [a.count(i) for i in range(n)]
+    assert min(counts) > 2000 / n * 0.7, counts  # balanced within 30 %
+    assert sharding.shard_of("x", 1) == 0
+    # a path with a lone surrogate (undecodable file name) still hashes
+    assert 0 <= sharding.shard_of("bad\udcff.c", 3) < 3
+
+
+def test_shard_keys_and_partition_keys_round_trip():
+    assert sharding.shard_key(7) == "007" and sharding.shard_index("007") == 7
+    for bad in ("7", "0007", "a01"):
+        with pytest.raises(ValueError):
+            sharding.shard_index(bad)
+    with pytest.raises(ValueError):
+        sharding.shard_key(1000)
+    p = Partition("tiny", "lz4-4.4.5", "003")
+    assert p.key == "tiny/lz4-4.4.5|003"
+    assert Partition.parse(p.key, Partitioning.REVISION_SHARD) == p
+    assert Partition.parse("tiny/lz4-4.4.5", Partitioning.REVISION) == Partition("tiny", "lz4-4.4.5")
+    assert Partition.parse("tiny", Partitioning.SNAPSHOT) == Partition("tiny")
+    for key, kind in (("tiny/lz4", Partitioning.REVISION_SHARD), ("tiny/lz4|003", Partitioning.REVISION),
+                      ("tiny|003", Partitioning.REVISION_SHARD), ("tiny/a/b|001", Partitioning.REVISION_SHARD),
+                      ("tiny/lz4", Partitioning.SNAPSHOT)):
+        with pytest.raises(ValueError):
+            Partition.parse(key, kind)
+    with pytest.raises(sharding.ShardPlanError):
+        sharding.shard_keys({"shards": 2, "keys": ["000"]})
+
+
+# ---------------------------------------------------------------- the Dagster grid
+
+
+def test_per_document_assets_are_a_revision_by_shard_grid():
+    from dagster import MultiPartitionsDefinition, MultiToSingleDimensionPartitionMapping
+
+    from megacpp_assets.definitions import defs
+    from megacpp_core.stages import STAGES
+
+    graph = defs.resolve_asset_graph()
+    per_shard = [s for s in STAGES if s.partitioning is Partitioning.REVISION_SHARD]
+    assert {s.name for s in per_shard} >= {"quality", "license", "scrub", "minhash"}
+    for s in per_shard:
+        node = graph.get(defs.resolve_assets_def(s.asset).key)
+        pdef = node.partitions_def
+        assert isinstance(pdef, MultiPartitionsDefinition)
+        assert [d.name for d in pdef.partitions_defs] == ["revision", "shard"]
+    quality = defs.resolve_assets_def("quality_files")
+    dep = quality.get_partition_mapping(defs.resolve_assets_def("source_files").key)
+    assert isinstance(dep, MultiToSingleDimensionPartitionMapping) and dep.partition_dimension_name == "revision"
+    assert defs.resolve_job_def("shard_job").partitions_def is not None
+
+
+# ---------------------------------------------------------------- 1 shard vs many on real input
+
+
+SMALL_SHARDS = 150_000  # bytes: tiny's revisions split into 3 to 20 shards
+
+
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory):
+    """``tiny`` (same name and sources) with ``shard_bytes`` = 150 kB, through ``megacpp run``."""
+    from dagster import DagsterInstance
+
+    from megacpp_assets.cli import run_snapshot
+
+    manifest = yaml.safe_load((ROOT / "corpora" / "tiny.yaml").read_text())
+    manifest.setdefault("settings", {})["shard_bytes"] = SMALL_SHARDS
+    mpath = tmp_path_factory.mktemp("manifest") / "tiny.yaml"
+    mpath.write_text(yaml.safe_dump(manifest))
+    root = make_data_root(tmp_path_factory.mktemp("shards-root"))
+    home = tmp_path_factory.mktemp("shards-home")
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    saved = os.environ.get("MEGACPP_DATA_ROOT")
+    with environ(DAGSTER_HOME=str(home)):
+        try:
+            with DagsterInstance.get() as instance:
+                assert run_snapshot(str(mpath), str(root), instance=instance) == 0
+                yield root, instance
+        finally:
+            if saved is None:
+                os.environ.pop("MEGACPP_DATA_ROOT", None)
+            else:
+                os.environ["MEGACPP_DATA_ROOT"] = saved
+
+
+def _plan(root: Path, source: str) -> dict:
+    import json
+
+    return json.loads((root / "snapshots" / "tiny" / "revisions" / source / "shards.json").read_text())
+
+
+def _union(root: Path, source: str, name: str, columns: list[str]) -> pa.Table:
+    plan = _plan(root, source)
+    parts = [pq.read_table(root / "snapshots" / "tiny" / "revisions" / source / "shards" / k / name, columns=columns)
+             for k in plan["keys"]]
+    t = pa.concat_tables(parts)
+    return t.sort_by([(columns[0], "ascending")])
+
+
+def test_many_shards_split_every_revision_deterministically(tiny_run, many_shards):
+    one, _ = tiny_run
+    many, _ = many_shards
+    for source in ("pybind11-3.1.0", "lz4-4.4.5", "xxhash-4.1.0"):
+        p1, pn = _plan(one, source), _plan(many, source)
+        assert p1["shards"] == 1
+        assert pn["shards"] == sharding.shard_count(sum(pn["bytes"]), SMALL_SHARDS) > 1
+        assert sum(pn["bytes"]) == sum(p1["bytes"]) and sum(pn["files"]) == sum(p1["files"])
+        for k in pn["keys"]:  # every file sits in the shard its path hashes to
+            paths = pq.read_table(many / "snapshots" / "tiny" / "revisions" / source / "shards" / k / "source_files.parquet",
+                                  columns=["path"]).column("path").to_pylist()
+            assert all(sharding.shard_of(p, pn["shards"]) == int(k) for p in paths)
+        for name, cols in (("source_files.parquet", ["doc_key", "content_sha256"]),
+                           ("quality_kept.parquet", ["doc_key", "text"]),
+                           ("license.parquet", ["doc_key", "spdx_expression", "decision", "origin"]),
+                           ("scrubbed.parquet", ["doc_key", "content_sha256", "text"]),
+                           ("minhash.parquet", ["doc_key", "signature"])):
+            assert _union(many, source, name, cols).equals(_union(one, source, name, cols)), (source, name)
+
+
+def test_many_shards_give_the_same_documents_and_byte_identical_rows(tiny_run, many_shards):
+    from megacpp_checks.packed import verify_packed_dir
+
+    one, _ = tiny_run
+    many, _ = many_shards
+    snap1, snapn = one / "snapshots" / "tiny", many / "snapshots" / "tiny"
+    d1 = pq.read_table(snap1 / "dedup" / "decisions.parquet")
+    dn = pq.read_table(snapn / "dedup" / "decisions.parquet")
+    assert dn.equals(d1)
+    docs = lambda s: pq.read_table(s / "tokenized" / "documents.parquet", columns=["doc_key"]).column("doc_key").to_pylist()
+    assert docs(snapn) == docs(snap1) and len(docs(snap1)) > 100
+    assert (snapn / "tokenizer" / "tokenizer.json").read_bytes() == (snap1 / "tokenizer" / "tokenizer.json").read_bytes()
+    shards = sorted(p.name for p in (snap1 / "packed").glob("*.parquet"))
+    assert shards and shards == sorted(p.name for p in (snapn / "packed").glob("*.parquet"))
+    for name in shards:
+        assert (snapn / "packed" / name).read_bytes() == (snap1 / "packed" / name).read_bytes(), name
+    for ext in (".bin", ".idx"):
+        assert ((snapn / "megatron" / f"tiny_text_document{ext}").read_bytes()
+                == (snap1 / "megatron" / f"tiny_text_document{ext}").read_bytes())
+    gate = verify_packed_dir(str(snapn / "packed"), out=lambda m: None)
+    assert gate.ok, gate.failures
+    assert gate.figures["rows"] > 0
+
+
+def test_a_shard_beyond_the_revision_count_is_empty_and_writes_nothing(many_shards):
+    from megacpp_core.manifest import load_manifest
+    from megacpp_core.runner import run_stage
+    from megacpp_core.stages import by_name
+    from megacpp_core.storage import open_root
+
+    root, _ = many_shards
+    data = open_root(str(root))
+    manifest = load_manifest(str(root / "snapshots" / "tiny" / "manifest.yaml"))
+    res = run_stage(by_name("quality"), data, manifest, Partition("tiny", "xxhash-4.1.0", "999"))
+    assert res.figures.get("empty_shard") is True and res.ok
+    assert not (root / "snapshots" / "tiny" / "revisions" / "xxhash-4.1.0" / "shards" / "999").exists()
+
+
+def test_dedup_reads_no_text_but_candidate_texts(many_shards):
+    """Dedup's decisions come from hashes and signatures; only the texts of candidate pairs
+    whose estimate reaches the threshold are streamed for the exact-Jaccard check."""
+    import json
+
+    root, _ = many_shards
+    f = json.loads((root / "snapshots" / "tiny" / "figures" / "dedup.json").read_text())
+    assert f["shards_in"] > 3
+    assert f["texts_read_for_verification"] < f["files_in"] / 2
