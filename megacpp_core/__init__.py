@@ -2,7 +2,8 @@
 
 Stages (SPEC §4): ``acquire`` (0), ``quality`` (1), ``license`` (2), ``scrub`` (3),
 ``dedup`` (4), ``tokenizer`` (5), ``chunk`` (6), ``chunk_dedup`` (7), ``tokenize`` (8),
-``pack`` (9), ``megatron`` (10). ``card`` renders the dataset card.
+``pack`` (9), ``megatron`` (10; ``megatron_merge`` joins per-shard datasets). ``card``
+renders the dataset card.
 """
 
 SCHEMA_VERSION = "1"

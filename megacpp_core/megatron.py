@@ -20,14 +20,22 @@ sequence modes        int8[S], optional           multimodal datasets only
 
 The ``.bin`` is the concatenation of all sequences in the index dtype. Our documents are one
 sequence each, so ``document_indices == arange(S + 1)``.
+
+Both builders also append a whole existing dataset with ``add_index`` (megatron-core's
+``IndexedDatasetBuilder.add_index`` is the source of that format: the other ``.bin`` bytes
+are copied after ours, its sequence lengths appended, and its document indices after the
+leading 0 appended offset by our sequence count); :mod:`megacpp_core.megatron_merge` builds
+the per-shard merge on it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,10 +65,20 @@ CODE_BY_DTYPE: dict[np.dtype, int] = {dt: code for code, dt in DTYPE_BY_CODE.ite
 #: Vocabularies at or above this size need int32 ids; from megatron-core ``DType.optimal_dtype``.
 UINT16_VOCAB_LIMIT = 65500
 BACKENDS = ("auto", "megatron", "raw")
+#: Bytes per read/write when ``add_index`` copies another ``.bin`` (16 MiB; memory stays bounded).
+COPY_CHUNK_BYTES = 16 << 20
 
 
 class IndexFormatError(ValueError):
     """A ``.idx`` file that is not a well-formed Megatron index; the message names the file."""
+
+
+class IndexDtypeMismatchError(ValueError):
+    """An index appended with ``add_index`` whose token dtype differs from the builder's.
+
+    megatron-core only checks this with ``assert index.dtype == self.dtype``; we raise this
+    instead, naming the file and both dtypes, before anything is appended.
+    """
 
 
 def megatron_dtype(vocab_size: int) -> np.dtype:
@@ -90,9 +108,13 @@ class RawIndexedDatasetBuilder:
 
     Same protocol: ``add_item`` appends one sequence (1-D array, cast to ``dtype``) to the
     ``.bin``; ``end_document`` closes a document after the sequences added so far;
-    ``finalize(idx_path)`` closes the ``.bin`` and writes the index. Output is
-    byte-identical to megatron-core 0.16.1. Raises ``ValueError`` for a dtype with no index
-    code (e.g. uint32).
+    ``add_index(prefix)`` appends a whole existing dataset; ``finalize(idx_path)`` closes
+    the ``.bin`` and writes the index. Output is byte-identical to megatron-core 0.16.1.
+    Raises ``ValueError`` for a dtype with no index code (e.g. uint32).
+
+    The index is held as numpy chunks (int32 lengths, int64 document indices: 12 bytes per
+    appended sequence, plus a Python int per ``add_item``/``end_document`` since the last
+    ``add_index``); ``.bin`` bytes are never held beyond one :data:`COPY_CHUNK_BYTES` copy.
     """
 
     def __init__(self, bin_path: str | os.PathLike, dtype: np.dtype | type) -> None:
@@ -100,26 +122,62 @@ class RawIndexedDatasetBuilder:
         if self.dtype not in CODE_BY_DTYPE:
             raise ValueError(f"dtype {self.dtype} has no Megatron index code")
         self._bin = open(bin_path, "wb")
-        self._lengths: list[int] = []
-        self._document_indices: list[int] = [0]
+        self._count = 0  # sequences so far
+        self._lengths: list[int] = []  # pending add_item lengths, after _length_chunks
+        self._document_indices: list[int] = [0]  # pending, after _document_chunks
+        self._length_chunks: list[np.ndarray] = []
+        self._document_chunks: list[np.ndarray] = []
 
     def add_item(self, tokens: np.ndarray) -> None:
         """Append one sequence; ``tokens`` is cast (unchecked) to the builder dtype."""
         arr = np.asarray(tokens, dtype=self.dtype)
         self._bin.write(arr.tobytes(order="C"))
         self._lengths.append(arr.size)
+        self._count += 1
 
     def end_document(self) -> None:
         """Mark the end of a document at the current sequence count."""
-        self._document_indices.append(len(self._lengths))
+        self._document_indices.append(self._count)
+
+    def add_index(self, path_prefix: str | os.PathLike) -> None:
+        """Append the whole dataset ``path_prefix.bin``/``.idx`` (megatron-core's ``add_index``).
+
+        Byte-identical twin of megatron-core 0.16.1 ``IndexedDatasetBuilder.add_index``: the
+        other's int32[S'] sequence lengths are appended, its int64[D'] document indices
+        without the leading 0 are appended plus our sequence count S (so sequences added
+        since the last ``end_document`` join the first appended document, as in
+        megatron-core), and its ``.bin`` is copied after ours in :data:`COPY_CHUNK_BYTES`
+        (16 MiB) reads, never whole. The other pair is validated first by
+        :func:`read_shard_index`: ``FileNotFoundError`` (naming the path) for a missing
+        ``.idx``/``.bin``, ``IndexFormatError`` for a malformed index,
+        :class:`IndexDtypeMismatchError` when its dtype is not the builder's, ``ValueError``
+        for a multimodal index or a ``.bin`` whose size disagrees with the index. Nothing is
+        appended when it raises.
+        """
+        info = read_shard_index(path_prefix, self.dtype)
+        self._flush()
+        self._length_chunks.append(info.sequence_lengths.astype(np.int32))
+        self._document_chunks.append(info.document_indices[1:] + self._count)
+        self._count += info.sequence_count
+        del info
+        with open(bin_path(path_prefix), "rb") as f:
+            shutil.copyfileobj(f, self._bin, COPY_CHUNK_BYTES)
+
+    def _flush(self) -> None:
+        """Move the pending Python-int lists onto the numpy chunk lists."""
+        self._length_chunks.append(np.asarray(self._lengths, dtype=np.int32))
+        self._document_chunks.append(np.asarray(self._document_indices, dtype=np.int64))
+        self._lengths, self._document_indices = [], []
 
     def finalize(self, idx_path: str | os.PathLike) -> None:
         """Close the ``.bin`` and write the index to ``idx_path``."""
         self._bin.close()
-        lengths = np.asarray(self._lengths, dtype=np.int32)
+        self._flush()
+        lengths = np.concatenate(self._length_chunks)
+        document_indices = np.concatenate(self._document_chunks)
+        self._length_chunks, self._document_chunks = [lengths], [document_indices]
         pointers = np.zeros(lengths.size, dtype=np.int64)
         np.cumsum(lengths[:-1].astype(np.int64) * self.dtype.itemsize, out=pointers[1:])
-        document_indices = np.asarray(self._document_indices, dtype=np.int64)
         with open(idx_path, "wb") as f:
             f.write(_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, CODE_BY_DTYPE[self.dtype],
                                  lengths.size, document_indices.size))
@@ -141,8 +199,9 @@ class _MegatronBuilder:
         import torch
 
         self._torch = torch
+        self.dtype = np.dtype(dtype)
         # The builder keys its dtype code on the scalar type's __name__: pass np.int32, not np.dtype.
-        self._builder = builder_cls(str(bin_path), dtype=dtype.type)
+        self._builder = builder_cls(str(bin_path), dtype=self.dtype.type)
 
     def add_item(self, tokens: np.ndarray) -> None:
         """Append one sequence (already in the builder dtype)."""
@@ -151,6 +210,17 @@ class _MegatronBuilder:
     def end_document(self) -> None:
         """Mark the end of a document."""
         self._builder.end_document()
+
+    def add_index(self, path_prefix: str | os.PathLike) -> None:
+        """Append a whole dataset with megatron-core's own ``IndexedDatasetBuilder.add_index``.
+
+        The pair is validated first exactly as in :meth:`RawIndexedDatasetBuilder.add_index`
+        (same errors; megatron-core itself only asserts the dtype and would silently drop a
+        multimodal index's modes). megatron-core copies the ``.bin`` with
+        ``shutil.copyfileobj`` (64 KiB reads) and keeps the index as Python lists.
+        """
+        read_shard_index(path_prefix, self.dtype)
+        self._builder.add_index(os.fspath(path_prefix))
 
     def finalize(self, idx_path: Path) -> None:
         """Close the ``.bin`` and write the index."""
@@ -175,6 +245,44 @@ def _megatron_builder_class():
     except ImportError:
         return None
     return IndexedDatasetBuilder
+
+
+def resolve_backend(backend: str) -> str:
+    """``"megatron"`` or ``"raw"`` for ``backend`` in :data:`BACKENDS`; ``"auto"`` picks
+    megatron-core when importable. Raises ``ValueError`` for an unknown backend."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} not in {BACKENDS}")
+    if backend == "auto":
+        return "megatron" if _megatron_builder_class() is not None else "raw"
+    return backend
+
+
+@contextmanager
+def atomic_builder(prefix: str | os.PathLike, dtype: np.dtype, backend: str) -> Iterator[tuple]:
+    """Yield ``(builder, tmp_bin, tmp_idx)`` for a pair published at ``prefix`` on success.
+
+    ``backend`` is ``"megatron"`` or ``"raw"`` (see :func:`resolve_backend`). The body fills
+    the builder and calls ``builder.finalize(tmp_idx)``. On a clean exit both ``.tmp`` files
+    are renamed into place, the ``.idx`` last (a stale one is removed first), so an ``.idx``
+    under its final name always has its ``.bin``; on any error the builder is closed, the
+    temp files removed and an existing pair left untouched. ``ImportError`` for
+    ``"megatron"`` without megatron-core (nothing is created but the parent directory).
+    """
+    final_bin, final_idx = bin_path(prefix), idx_path(prefix)
+    tmp_bin = final_bin.with_name(final_bin.name + ".tmp")
+    tmp_idx = final_idx.with_name(final_idx.name + ".tmp")
+    final_bin.parent.mkdir(parents=True, exist_ok=True)
+    builder = (_MegatronBuilder if backend == "megatron" else RawIndexedDatasetBuilder)(tmp_bin, dtype)
+    try:
+        yield builder, tmp_bin, tmp_idx
+    except BaseException:
+        builder.close()
+        tmp_bin.unlink(missing_ok=True)
+        tmp_idx.unlink(missing_ok=True)
+        raise
+    final_idx.unlink(missing_ok=True)
+    os.replace(tmp_bin, final_bin)
+    os.replace(tmp_idx, final_idx)
 
 
 def _checked_document(doc: np.ndarray, i: int, vocab_size: int) -> np.ndarray:
@@ -216,18 +324,10 @@ def write_indexed_dataset(
     document that is not a 1-D integer array or holds an id < 0 or >= ``vocab_size`` (naming
     the document index); ``ImportError`` for ``backend="megatron"`` without megatron-core.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} not in {BACKENDS}")
+    backend = resolve_backend(backend)
     dtype = megatron_dtype(vocab_size)
-    if backend == "auto":
-        backend = "megatron" if _megatron_builder_class() is not None else "raw"
-    final_bin, final_idx = bin_path(prefix), idx_path(prefix)
-    tmp_bin = final_bin.with_name(final_bin.name + ".tmp")
-    tmp_idx = final_idx.with_name(final_idx.name + ".tmp")
-    final_bin.parent.mkdir(parents=True, exist_ok=True)
-    builder = (_MegatronBuilder if backend == "megatron" else RawIndexedDatasetBuilder)(tmp_bin, dtype)
     count = tokens = 0
-    try:
+    with atomic_builder(prefix, dtype, backend) as (builder, _, tmp_idx):
         for i, doc in enumerate(documents):
             arr = _checked_document(doc, i, vocab_size)
             builder.add_item(arr.astype(dtype, copy=False))
@@ -235,14 +335,7 @@ def write_indexed_dataset(
             count += 1
             tokens += arr.size
         builder.finalize(tmp_idx)
-    except BaseException:
-        builder.close()
-        tmp_bin.unlink(missing_ok=True)
-        tmp_idx.unlink(missing_ok=True)
-        raise
-    final_idx.unlink(missing_ok=True)
-    os.replace(tmp_bin, final_bin)
-    os.replace(tmp_idx, final_idx)
+    final_bin, final_idx = bin_path(prefix), idx_path(prefix)
     return {
         "sequences": count,
         "documents": count,
@@ -344,6 +437,31 @@ def read_index(idx_path: str | os.PathLike) -> IndexInfo:
     if doc_indices[-1] != n_seq:
         raise bad(f"document indices end at {int(doc_indices[-1])}, expected the sequence count {n_seq}")
     return IndexInfo(path, code, dtype, lengths, pointers, doc_indices, modes)
+
+
+def read_shard_index(prefix: str | os.PathLike, dtype: np.dtype | type) -> IndexInfo:
+    """:func:`read_index` of ``prefix.idx``, checked for appending to a ``dtype`` builder.
+
+    Beyond :func:`read_index`'s checks: the index dtype must be ``dtype``
+    (:class:`IndexDtypeMismatchError`, naming the file and both dtypes), it must have no
+    int8 sequence-modes tail (``ValueError``: multimodal datasets are not merged), and
+    ``prefix.bin`` must be exactly :attr:`IndexInfo.bin_bytes` long (``ValueError`` naming
+    it). ``FileNotFoundError`` (its message names the path) for a missing ``.idx`` or
+    ``.bin``; ``IndexFormatError`` for a malformed index.
+    """
+    want = np.dtype(dtype)
+    info = read_index(idx_path(prefix))
+    if info.dtype != want:
+        raise IndexDtypeMismatchError(f"{info.path}: index dtype {info.dtype.name} "
+                                      f"(code {info.dtype_code}), expected {want.name}")
+    if info.sequence_modes is not None:
+        raise ValueError(f"{info.path}: multimodal index (sequence modes) cannot be appended")
+    path = bin_path(prefix)
+    size = path.stat().st_size
+    if size != info.bin_bytes:
+        raise ValueError(f"{path}: {size} bytes, but {info.path} describes {info.token_count} "
+                         f"{want.name} tokens = {info.bin_bytes} bytes")
+    return info
 
 
 def read_document(prefix: str | os.PathLike, i: int, index: IndexInfo | None = None) -> np.ndarray:
