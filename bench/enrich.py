@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from megacpp_core.layout import SnapshotLayout
 from megacpp_core import chunk, enrich, manifest, platforms
 from megacpp_core import tokenizer as tk
 from timing import best_of  # bench/timing.py (the script's own directory)
@@ -34,7 +35,7 @@ from timing import best_of  # bench/timing.py (the script's own directory)
 
 def main(snapshot: Path, repeat: int = 1) -> dict:
     warnings.simplefilter("ignore")
-    kept = pq.read_table(snapshot / "dedup" / "kept.parquet", columns=["doc_key", "text", "language"]).to_pydict()
+    kept = SnapshotLayout(snapshot.parent.parent, snapshot.name).kept_files(["doc_key", "text", "language"]).to_pydict()
     files = [(k, t, lang) for k, t, lang in zip(kept["doc_key"], kept["text"], kept["language"]) if t]
     mb = sum(len(t.encode("utf-8", "surrogatepass")) for _, t, _ in files) / 1e6
     tok = tk.load_tokenizer(snapshot / "tokenizer" / "tokenizer.json")

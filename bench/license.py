@@ -94,7 +94,7 @@ def naive_revision(source: str, files: dict[str, str], candidates: list[str], po
 
 def load_revision(layout: SnapshotLayout, source: str) -> tuple[dict[str, str], list[str]]:
     """``(files, candidates)`` as the license stage builds them from the stage-1 tables."""
-    rdir = layout.revision(source)
+    rdir = layout.shard(source)  # one shard per revision at the default shard_bytes
     kept = pq.read_table(rdir / "quality_kept.parquet", columns=["path", "text"]).to_pydict()
     kept_text = dict(zip(kept["path"], kept["text"]))
     src = pq.read_table(rdir / "source_files.parquet", columns=["path", "content", "size"]).to_pydict()

@@ -73,6 +73,33 @@ class SnapshotLayout:
     def revision(self, source: str) -> Path:
         return self.root / "revisions" / source
 
+    def shard(self, source: str, shard: str = "000") -> Path:
+        """Directory of one shard of a revision (``revisions/SOURCE/shards/SHARD``)."""
+        return self.revision(source) / "shards" / shard
+
+    def kept_files(self, columns: list[str] | None = None):
+        """The kept files of the snapshot (every revision's scrubbed shards filtered by the
+        dedup decisions) in keep order, as one ``pyarrow.Table`` (:mod:`megacpp_core.kept`)."""
+        import json
+
+        import pyarrow.parquet as pq
+
+        from . import kept, sharding
+
+        class _Ref:
+            def __init__(self, path):
+                self.path = path
+
+            def read(self, columns=None):
+                return pq.read_table(self.path, columns=columns)
+
+        refs = []
+        for plan in sorted(self.root.glob("revisions/*/shards.json")):
+            for k in sharding.shard_keys(json.loads(plan.read_text())):
+                refs.append(_Ref(plan.parent / "shards" / k / "scrubbed.parquet"))
+        decisions = pq.read_table(self.stage_dir("dedup") / "decisions.parquet", columns=["doc_key", "keep"])
+        return kept.kept_table(refs, decisions, columns)
+
     def stage_dir(self, name: str) -> Path:
         return self.root / name
 

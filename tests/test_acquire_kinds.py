@@ -72,7 +72,7 @@ def test_git_tag_fetched_shallow_commit_recorded_no_hooks(tmp_path, served_repo)
     layout = SnapshotLayout(tmp_path / "root", "g")
     res = stages.run("acquire", layout.data_root, m, m.sources[0])
     assert res.figures["revision"] == first and res.checks["hash_matches_pin"][0] and res.checks["source_files_schema"][0]
-    t = read_parquet(layout.revision("up-1.0") / "source_files.parquet")
+    t = read_parquet(layout.shard("up-1.0") / "source_files.parquet")
     assert t.column("path").to_pylist() == [".gitattributes", "LICENSE", "include/a.h", "src/a.cpp"]  # in-tree symlink skipped
     assert set(t.column("revision").to_pylist()) == {first} and set(t.column("version").to_pylist()) == {"v1.0"}
     assert set(t.column("kind").to_pylist()) == {"git"} and t.column("archive_sha256").null_count == t.num_rows
@@ -229,7 +229,7 @@ def test_hostile_archive_partition_fails_and_writes_nothing(tmp_path):
     sha = hashlib.sha256(buf.getvalue()).hexdigest()
     m = load_manifest(_manifest(tmp_path, f"name: h\nsources:\n  - {{name: evil, kind: archive, path: {arc}, sha256: {sha}}}\n"))
     layout = SnapshotLayout(tmp_path / "root", "h")
-    stale = layout.revision("evil") / "source_files.parquet"
+    stale = layout.shard("evil") / "source_files.parquet"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"stale output of an earlier run")
     with pytest.raises(acquire.UnsafeArchiveError) as e:

@@ -151,12 +151,12 @@ def test_tiny_run_band_steps_match_the_in_process_dedup(tiny_run):
     manifest = load_manifest("tiny")
     fig = layout.read_figures("dedup")
     assert fig["signatures_precomputed"] and fig["cross_pairs_from_band_steps"]
-    docs = pa.concat_tables([read_parquet(layout.revision(s.name) / "scrubbed.parquet") for s in manifest.sources]).to_pydict()
+    docs = pa.concat_tables([read_parquet(layout.shard(s.name) / "scrubbed.parquet") for s in manifest.sources]).to_pydict()
     recs = [DedupRecord(docs["doc_key"][i], docs["source"][i], docs["source_order"][i], docs["path"][i],
                         docs["license_class"][i], docs["text"][i]) for i in range(len(docs["doc_key"]))]
     res = deduplicate(recs)
     stored = read_parquet(layout.stage_dir("dedup") / "decisions.parquet").to_pylist()
     assert stored == res.decisions
     assert read_parquet(layout.stage_dir("dedup") / "duplicate_clusters.parquet").to_pylist() == res.clusters
-    sig = read_parquet(layout.revision("lz4-4.4.5") / "minhash.parquet")
+    sig = read_parquet(layout.shard("lz4-4.4.5") / "minhash.parquet")
     assert str(sig.schema.field("signature").type.value_type) == "uint32"

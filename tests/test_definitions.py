@@ -41,6 +41,10 @@ def test_partitions_and_fan_in():
     graph = defs.resolve_asset_graph()
     for s in STAGES:
         pd = graph.get(AssetKey(s.asset)).partitions_def
+        if s.partitioning is Partitioning.REVISION_SHARD:  # the revision × shard grid
+            dims = {d.name: d.partitions_def for d in pd.partitions_defs}
+            assert dims["revision"].name == "repo_revision" and dims["shard"].name == "shard", s.asset
+            continue
         want = "repo_revision" if s.partitioning is Partitioning.REVISION else "snapshot"
         assert isinstance(pd, DynamicPartitionsDefinition) and pd.name == want, s.asset
     mapping = graph.get_partition_mapping(AssetKey("dedup_decisions"), AssetKey("scrubbed_files"))
@@ -56,7 +60,7 @@ def test_every_stage_has_its_blocking_checks_and_code_version():
         assert graph.get(AssetKey(s.asset)).code_version == s.code_version
         for d in s.outputs:  # every output table with a schema has its schema check
             assert (d.schema is None) == (d.schema_check is None) and (d.schema_check is None or d.schema_check in specs)
-    assert {j.name for j in defs.resolve_all_job_defs()} >= {"revision_job", "snapshot_job"}
+    assert {j.name for j in defs.resolve_all_job_defs()} >= {"revision_job", "shard_job", "snapshot_job"}
 
 
 def test_a_new_code_version_reaches_the_asset():
@@ -87,7 +91,7 @@ def test_minhash_steps_have_their_own_pod_resources_and_band_split():
     from megacpp_core.stages.lsh_bands import BAND_RANGES
 
     graph = defs.resolve_asset_graph()
-    assert graph.get(AssetKey("minhash_signatures")).partitions_def.name == "repo_revision"
+    assert [d.name for d in graph.get(AssetKey("minhash_signatures")).partitions_def.partitions_defs] == ["revision", "shard"]
     assert sorted(b for lo, hi in BAND_RANGES for b in range(lo, hi)) == list(range(14))
     for name in ("minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14"):
         op = defs.resolve_assets_def(AssetKey(name)).op

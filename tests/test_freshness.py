@@ -73,7 +73,7 @@ def test_identical_bytes_leave_downstream_current(fresh_tiny):
     """A missing output is re-made; since the re-made file has the same bytes (the same data
     version), nothing that reads it runs again."""
     root, instance, _ = fresh_tiny
-    (root / "snapshots" / "tiny" / "revisions" / "lz4-4.4.5" / "minhash.parquet").unlink()
+    (root / "snapshots" / "tiny" / "revisions" / "lz4-4.4.5" / "shards" / "000" / "minhash.parquet").unlink()
     todo = plan(instance, STAGES, DataRoot(root), load_manifest("tiny"), Partition("tiny", "lz4-4.4.5"))
     assert [(t.asset, t.reason) for t in todo] == [("minhash_signatures", "output minhash is missing from the data root")]
     before = _counts(instance)
@@ -88,7 +88,7 @@ def test_changed_bytes_flow_downstream(fresh_tiny):
 
     root, instance, _ = fresh_tiny
     m = load_manifest("tiny")
-    path = root / "snapshots" / "tiny" / "revisions" / "xxhash-4.1.0" / "minhash.parquet"
+    path = root / "snapshots" / "tiny" / "revisions" / "xxhash-4.1.0" / "shards" / "000" / "minhash.parquet"
     pq.write_table(pq.read_table(path), path, compression="gzip")  # same rows, other bytes
     from dagster import AssetMaterialization, DataVersion  # record it as a new materialization, as a rerun would
     from megacpp_assets.factory import GATES_TAG, INPUTS_TAG, SETTINGS_TAG

@@ -151,7 +151,7 @@ def test_minhash_step_runs_in_its_own_pod(cluster, tiny_run):
     spec_names = {e["name"] for e in container["env"]}
     assert set(step["env"]) == spec_names | set(c.secrets[SECRET]) | {"PATH", "HOME"}
     assert "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS" in spec_names and "MEGACPP_CACHE_DIR" not in step["env"]
-    assert root.sha256(key) == _local_hash(tiny_run, "revisions/lz4-4.4.5/minhash.parquet")
+    assert root.sha256(key) == _local_hash(tiny_run, "revisions/lz4-4.4.5/shards/000/minhash.parquet")
     from dagster import AssetKey, AssetRecordsFilter
 
     rec = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("minhash_signatures"),
@@ -162,7 +162,7 @@ def test_minhash_step_runs_in_its_own_pod(cluster, tiny_run):
 def test_later_steps_read_what_the_pods_wrote(cluster, tiny_run):
     c, instance, home, url = cluster
     root = DataRoot(url)
-    rels = ["dedup/lsh_bands_00_07.parquet", "dedup/lsh_bands_07_14.parquet", "dedup/kept.parquet",
+    rels = ["dedup/lsh_bands_00_07.parquet", "dedup/lsh_bands_07_14.parquet",
             "dedup/decisions.parquet", "documents/chunks.parquet", "documents/deduped.parquet"]
     for rel in rels:
         root.delete(f"snapshots/tiny/{rel}")

@@ -38,7 +38,7 @@ def corpus(tmp_path_factory):
         for stage in ("acquire", "quality", "license", "scrub"):
             res = stages.run(stage, layout.data_root, manifest, src)
             assert all(ok for ok, _ in res.checks.values()), (stage, res.checks)
-        t = pq.read_table(layout.revision(name) / "license.parquet").to_pylist()
+        t = pq.read_table(layout.shard(name) / "license.parquet").to_pylist()
         rows[name] = {r["path"]: r for r in t}
     return layout, manifest, rows
 
@@ -80,7 +80,7 @@ def test_psycopg2_weak_copyleft_accepted(corpus):
 def test_stage_tables_pass_their_schemas(corpus):
     layout, _, _ = corpus
     for name in SOURCES:
-        rdir = layout.revision(name)
+        rdir = layout.shard(name)
         assert quality_schema.validate_kept(pq.read_table(rdir / "quality_kept.parquet"))[0]
         assert quality_schema.validate_exclusions(pq.read_table(rdir / "exclusions.parquet"))[0]
         assert license_schema.validate_license(pq.read_table(rdir / "license.parquet"))[0]
@@ -106,15 +106,15 @@ def test_policy_is_configurable_per_snapshot(corpus):
     for name in SOURCES:
         res = stages.run("license", layout.data_root, strict, name, tools={"scancode": scanner})
         assert res.checks["every_file_decided"][0]
-    lev2 = {r["path"]: r for r in pq.read_table(layout.revision("levenshtein-0.27.5") / "license.parquet").to_pylist()}
+    lev2 = {r["path"]: r for r in pq.read_table(layout.shard("levenshtein-0.27.5") / "license.parquet").to_pylist()}
     assert {r["decision"] for p, r in lev2.items() if p.startswith("src/Levenshtein/")} == {"refuse"}
-    ps2 = pq.read_table(layout.revision("psycopg2-2.9.13") / "license.parquet").to_pylist()
+    ps2 = pq.read_table(layout.shard("psycopg2-2.9.13") / "license.parquet").to_pylist()
     assert {r["decision"] for r in ps2} == {"accept_tagged"}
-    z2 = pq.read_table(layout.revision("zstandard-0.25.0") / "license.parquet").to_pylist()
+    z2 = pq.read_table(layout.shard("zstandard-0.25.0") / "license.parquet").to_pylist()
     assert {(r["decision"], r["origin"], r["reason"]) for r in z2} == {("refuse", "refusal_list", "source on refusal list")}
     assert policy.refused_sources == frozenset({"zstandard-0.25.0"}) and policy.gpl2_decision == "refuse"
     # scrub drops every refused file: none reaches the output
     res = stages.run("scrub", layout.data_root, strict, "levenshtein-0.27.5")
     assert res.checks["no_refused_license_downstream"][0]
-    out = pq.read_table(layout.revision("levenshtein-0.27.5") / "scrubbed.parquet").column("path").to_pylist()
+    out = pq.read_table(layout.shard("levenshtein-0.27.5") / "scrubbed.parquet").column("path").to_pylist()
     assert not any(p.startswith("src/Levenshtein/") for p in out)

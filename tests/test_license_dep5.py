@@ -30,7 +30,7 @@ def fmt_license(tmp_path_factory):
         for name in ("acquire", "quality", "license"):
             res = stages.run(name, root, m, src)
             assert res.ok, (name, res.checks)
-        results[src.name] = (res, pq.read_table(root / "snapshots" / "d" / "revisions" / src.name / "license.parquet"))
+        results[src.name] = (res, pq.read_table(root / "snapshots" / "d" / "revisions" / src.name / "shards" / "000" / "license.parquet"))
     return results
 
 

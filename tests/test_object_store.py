@@ -33,7 +33,7 @@ def test_tiny_on_s3_is_byte_identical_to_the_local_run(tiny_run, tiny_s3):
     remote = {k: v for k, v in _hashes_remote(tiny_s3[0]).items() if not k.startswith(NONDETERMINISTIC)}
     assert sorted(remote) == sorted(local)
     assert {"packed/_SUCCESS", "megatron/tiny_text_document.bin", "megatron/tiny_text_document.idx",
-            "tokenizer/tokenizer.json", "revisions/lz4-4.4.5/scrubbed.parquet"} <= set(remote)
+            "tokenizer/tokenizer.json", "revisions/lz4-4.4.5/shards/000/scrubbed.parquet"} <= set(remote)
     assert not [k for k in remote if ".tmp-" in k], "a temporary key was left behind"
     differ = sorted(k for k in local if local[k] != remote[k])
     assert not differ, f"S3 outputs differ from the local run: {differ}"

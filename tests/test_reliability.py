@@ -50,11 +50,11 @@ def test_sigkill_inside_each_kind_of_stage_then_rerun(tiny_run, tmp_path):
     root, home = make_data_root(tmp_path / "root"), tmp_path / "home"
     snap = root / "snapshots" / "tiny"
     # per revision: scrub of lz4 (pybind11 is done, xxhash not started)
-    r = _cli(root, home, fault="revisions/lz4-4.4.5/scrubbed.parquet")
+    r = _cli(root, home, fault="revisions/lz4-4.4.5/shards/000/scrubbed.parquet")
     assert r.returncode == -9, r.stderr[-2000:]
-    assert not (snap / "revisions/lz4-4.4.5/scrubbed.parquet").exists()
-    assert list((snap / "revisions/lz4-4.4.5").glob("scrubbed.parquet.tmp-*"))  # the half-committed file
-    assert (snap / "revisions/pybind11-3.1.0/scrubbed.parquet").exists() and not (snap / "dedup").exists()
+    assert not (snap / "revisions/lz4-4.4.5/shards/000/scrubbed.parquet").exists()
+    assert list((snap / "revisions/lz4-4.4.5/shards/000").glob("scrubbed.parquet.tmp-*"))  # the half-committed file
+    assert (snap / "revisions/pybind11-3.1.0/shards/000/scrubbed.parquet").exists() and not (snap / "dedup").exists()
     # per snapshot: the chunk stage
     r = _cli(root, home, fault="documents/chunks.parquet")
     assert r.returncode == -9, r.stderr[-2000:]

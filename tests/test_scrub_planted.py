@@ -182,7 +182,7 @@ def test_control_set_is_byte_identical(tiny_run):
     root, _ = tiny_run
     features = {"hex": 0, "hash": 0, "version": 0}
     for source, paths in CONTROL.items():
-        rdir = root / "snapshots" / "tiny" / "revisions" / source
+        rdir = root / "snapshots" / "tiny" / "revisions" / source / "shards" / "000"
         kept = {r["path"]: r["text"] for r in pq.read_table(rdir / "quality_kept.parquet", columns=["path", "text"]).to_pylist()}
         out = {r["path"]: r["text"] for r in pq.read_table(rdir / "scrubbed.parquet", columns=["path", "text"]).to_pylist()}
         for p in paths:

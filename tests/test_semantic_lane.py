@@ -129,7 +129,7 @@ def test_lane_edges_replace_tree_sitter_edges(semtest):
     assert chunk_figs["semantic_covered_files"] == len(lane) > 0
     assert chunk_figs["semantic_graph"] is True and chunk_figs["documents_with_semantic_edges"] > 0
     docs = read_parquet(layout.stage_dir("documents") / "chunks.parquet").to_pydict()
-    kept = read_parquet(layout.stage_dir("dedup") / "kept.parquet").to_pydict()
+    kept = layout.kept_files().to_pydict()
     text_of = dict(zip(kept["doc_key"], zip(kept["text"], kept["language"])))
     compared = with_edges = 0
     for i, fk in enumerate(docs["file_key"]):
@@ -207,7 +207,7 @@ def test_lane_lines_follow_the_scrubbed_text(tmp_path):
     src = m.sources[0]
     for stage in ("acquire", "quality", "license", "scrub", "compile_commands", "semantic_graph"):
         stages.run(stage, layout.data_root, m, src)
-    text = read_parquet(layout.revision(src.name) / "scrubbed.parquet").column("text")[0].as_py()
+    text = read_parquet(layout.shard(src.name) / "scrubbed.parquet").column("text")[0].as_py()
     assert text.count("\n") < KEY_C.count("\n") and not scrub.find_leaks(text)
     edges = read_parquet(layout.revision(src.name) / "semantic_edges.parquet").to_pydict()
     units = enrich.file_units(text, "c")

@@ -14,7 +14,6 @@ from megacpp_core import stages, tokenize
 from megacpp_core import tokenizer as T
 from megacpp_core.layout import SnapshotLayout
 from megacpp_core.manifest import ManifestError, load_manifest
-from megacpp_core.tables import read_parquet
 from tests.test_tokenizer import HOSTILE, _random_words, c_corpus
 
 VOCAB = 65536
@@ -197,7 +196,7 @@ def tiny_layout(tiny_run):
 def test_tiny_every_document_round_trips(tiny_layout):
     info = json.loads((tiny_layout.stage_dir("tokenizer") / T.MANIFEST_FILE).read_text())
     tok = T.load_tokenizer(tiny_layout.stage_dir("tokenizer"), info["tokenizer_sha256"])
-    kept = read_parquet(tiny_layout.stage_dir("dedup") / "kept.parquet", columns=["doc_key", "text"])
+    kept = tiny_layout.kept_files(["doc_key", "text"])
     pairs = list(zip(kept.column("doc_key").to_pylist(), kept.column("text").to_pylist()))
     assert len(pairs) > 20
     assert T.check_round_trip(tok, pairs) == []

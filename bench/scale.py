@@ -1,0 +1,174 @@
+"""Peak memory and throughput of every step as the input grows: ×1, ×4 and ×16 slices.
+
+A slice ×k is the first sources of a corpus manifest (manifest order) whose raw bytes
+reach ``k × --base-mb`` MB (the same sources in every slice, so ×4 contains ×1). Each
+slice is its own snapshot under ``--data-root`` (names ``scale-x1``, ``scale-x4``,
+``scale-x16``; settings from the manifest, ``--shard-mb`` sets ``shard_bytes``). Every
+step runs in a **fresh process** per partition (per revision for acquire, per revision ×
+shard for the per-document stages, once per snapshot for the global steps), in the
+graph's order, through :func:`megacpp_core.runner.run_stage` — no Dagster — and its peak
+RSS is the child's ``ru_maxrss`` from ``os.wait4``.
+
+Prints one JSON object: per slice the sources, raw MB and, per step, ``peak_rss_mb`` (the
+largest over its partitions), ``seconds`` (sum), ``partitions`` and ``mb_per_s`` (the
+slice's raw MB over the step's seconds); then per step ``rss_growth_x16`` = peak RSS at
+×16 / peak RSS at ×1 (the issue's bound: ≤ 1.25, and every peak ≤ 2 GiB).
+
+Usage::
+
+    python bench/scale.py [--corpus xl] [--base-mb 4] [--shard-mb 64] [--data-root /tmp/scale]
+                          [--factors 1,4,16] [--steps quality,minhash,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def child(stage: str, key: str, root: str, manifest: str) -> None:
+    """Run one stage on one partition (in this fresh process)."""
+    from megacpp_core.manifest import load_manifest
+    from megacpp_core.runner import run_stage
+    from megacpp_core.stage import Partition
+    from megacpp_core.stages import by_name
+    from megacpp_core.storage import open_root
+
+    st = by_name(stage)
+    res = run_stage(st, open_root(root), load_manifest(manifest), Partition.parse(key, st.partitioning))
+    if not res.ok:
+        bad = {k: v for k, v in res.checks.items() if not v[0]}
+        raise SystemExit(f"{stage} {key}: gates failed {bad}")
+
+
+def run_child(stage: str, key: str, root: Path, manifest: Path) -> tuple[float, float]:
+    """``(seconds, peak RSS MB)`` of one step partition in a fresh process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--child", stage, key, str(root), str(manifest)])
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"step {stage} {key} failed with exit code {proc.returncode}")
+    return time.perf_counter() - t0, usage.ru_maxrss / 1024  # KiB on Linux
+
+
+def source_bytes(manifest_path: str, cache: Path) -> list[tuple[str, int]]:
+    """``[(source name, raw bytes)]`` in manifest order (every file of the revision)."""
+    from megacpp_core import acquire
+    from megacpp_core.manifest import load_manifest
+
+    out = []
+    for s in load_manifest(manifest_path).sources:
+        got = acquire.acquire_source(s, cache)
+        out.append((s.name, sum(len(b) for _, b in got.files)))
+        del got
+    return out
+
+
+def slice_manifest(base: dict, names: list[str], name: str, shard_bytes: int, path: Path) -> Path:
+    m = dict(base)
+    m["name"] = name
+    m["settings"] = {**(base.get("settings") or {}), "shard_bytes": shard_bytes}
+    m["sources"] = [s for s in base["sources"] if s["name"] in names]
+    path.write_text(yaml.safe_dump(m, sort_keys=False))
+    return path
+
+
+def run_slice(manifest_path: Path, root: Path, only: set[str] | None) -> dict:
+    """Every step of the graph on one slice, each partition in a fresh process."""
+    from megacpp_core.manifest import load_manifest
+    from megacpp_core.runner import revision_shards
+    from megacpp_core.snapshots import record_manifest
+    from megacpp_core.stage import Partition, Partitioning
+    from megacpp_core.stages import STAGES
+    from megacpp_core.storage import open_root
+
+    m = load_manifest(str(manifest_path))
+    data = open_root(str(root))
+    record_manifest(data, m)
+    steps: dict[str, dict] = {}
+
+    def account(stage: str, key: str) -> None:
+        if only and stage not in only and stage != "acquire":
+            return
+        sec, rss = run_child(stage, key, root, manifest_path)
+        s = steps.setdefault(stage, {"peak_rss_mb": 0.0, "seconds": 0.0, "partitions": 0})
+        s["peak_rss_mb"] = round(max(s["peak_rss_mb"], rss), 1)
+        s["seconds"] = round(s["seconds"] + sec, 2)
+        s["partitions"] += 1
+        print(f"  {stage:<16} {key:<40} {sec:7.1f}s {rss:8.1f} MB", file=sys.stderr, flush=True)
+
+    for st in STAGES:
+        if st.partitioning is Partitioning.REVISION:
+            for src in m.sources:
+                account(st.name, Partition(m.name, src.name).key)
+        elif st.partitioning is Partitioning.REVISION_SHARD:
+            for src in m.sources:
+                for k in revision_shards(data, m.name, src.name):
+                    account(st.name, Partition(m.name, src.name, k).key)
+        else:
+            account(st.name, m.name)
+    return steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", nargs=4, metavar=("STAGE", "KEY", "ROOT", "MANIFEST"), help=argparse.SUPPRESS)
+    ap.add_argument("--corpus", default="xl")
+    ap.add_argument("--base-mb", type=float, default=4.0)
+    ap.add_argument("--shard-mb", type=float, default=64.0)
+    ap.add_argument("--factors", default="1,4,16")
+    ap.add_argument("--steps", default="", help="comma-separated stage names to measure (default: all)")
+    ap.add_argument("--data-root", default="/tmp/megacpp-scale")
+    ap.add_argument("--cache", default=os.environ.get("MEGACPP_CACHE_DIR", "data/cache"))
+    a = ap.parse_args(argv)
+    if a.child:
+        child(*a.child)
+        return 0
+    from megacpp_core.manifest import load_manifest
+
+    mpath = load_manifest(a.corpus).path
+    base = yaml.safe_load(Path(mpath).read_text())
+    sizes = source_bytes(str(mpath), Path(a.cache))
+    root = Path(a.data_root)
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "cache").exists():
+        (root / "cache").symlink_to(Path(a.cache).resolve(), target_is_directory=True)
+    only = set(filter(None, a.steps.split(","))) or None
+    out: dict = {"corpus": a.corpus, "base_mb": a.base_mb, "shard_mb": a.shard_mb, "slices": {}}
+    for k in (int(x) for x in a.factors.split(",")):
+        names, total = [], 0
+        for name, n in sizes:
+            if total >= k * a.base_mb * 1e6:
+                break
+            names.append(name)
+            total += n
+        if total < k * a.base_mb * 1e6:
+            raise SystemExit(f"corpus {a.corpus} has {total / 1e6:.1f} MB, less than ×{k} of {a.base_mb} MB")
+        path = slice_manifest(base, names, f"scale-x{k}", int(a.shard_mb * 1024 * 1024), root / f"scale-x{k}.yaml")
+        print(f"×{k}: {len(names)} sources, {total / 1e6:.1f} MB", file=sys.stderr, flush=True)
+        steps = run_slice(path, root, only)
+        for s in steps.values():
+            s["mb_per_s"] = round(total / 1e6 / s["seconds"], 3) if s["seconds"] else None
+        out["slices"][f"x{k}"] = {"sources": names, "raw_mb": round(total / 1e6, 2), "steps": steps}
+    fs = list(out["slices"])
+    first, last = out["slices"][fs[0]]["steps"], out["slices"][fs[-1]]["steps"]
+    out[f"rss_growth_{fs[-1]}_over_{fs[0]}"] = {s: round(last[s]["peak_rss_mb"] / first[s]["peak_rss_mb"], 3)
+                                               for s in first if s in last and first[s]["peak_rss_mb"]}
+    out["max_peak_rss_mb"] = max(s["peak_rss_mb"] for sl in out["slices"].values() for s in sl["steps"].values())
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
