@@ -68,30 +68,7 @@ def read_figures(root: DataRoot, snapshot: str, stage: str, source: str | None =
     keys = sharding.shard_keys(root.read_json(layout.shard_plan_key(snapshot, source)))
     parts = [layout.figures_key(snapshot, stage, source, k) for k in keys]
     got = [root.read_json(k) for k in parts if root.exists(k)]
-    return merge_figures(got) if got else None
-
-
-def merge_figures(parts: list[dict]) -> dict:
-    """The figures of a revision's shards as one: numbers add up, dicts merge key by key
-    (recursively), lists concatenate, anything else keeps the first shard's value;
-    ``agreement_rate`` (DEP-5) is recomputed from the merged counts."""
-    out: dict = {}
-    for p in parts:
-        for k, v in p.items():
-            if k not in out:
-                out[k] = v if not isinstance(v, dict) else merge_figures([v])
-            elif isinstance(v, bool) or v is None:
-                continue
-            elif isinstance(v, (int, float)) and isinstance(out[k], (int, float)):
-                out[k] = out[k] + v
-            elif isinstance(v, dict) and isinstance(out[k], dict):
-                out[k] = merge_figures([out[k], v])
-            elif isinstance(v, list) and isinstance(out[k], list):
-                out[k] = out[k] + v
-    if "agreement_rate" in out and isinstance(out.get("agreement"), dict):
-        a, n = out["agreement"], out.get("compared") or 0
-        out["agreement_rate"] = round((a.get("agree", 0) + a.get("same_class", 0)) / n, 4) if n else None
-    return out
+    return sharding.merge_figures(got) if got else None
 
 
 def render_card(root: DataRoot, manifest: Manifest) -> str:

@@ -111,5 +111,17 @@ class SnapshotLayout:
         return Path(self.data_root) / figures_key(self.snapshot, stage, source)
 
     def read_figures(self, stage: str, source: str | None = None) -> dict[str, Any] | None:
+        """A stage's figures for a partition; a per-shard stage's shards merged
+        (:func:`megacpp_core.sharding.merge_figures`); None when it has not run."""
+        from . import sharding
+
         p = self.figures_path(stage, source)
-        return json.loads(p.read_text()) if p.exists() else None
+        if p.exists():
+            return json.loads(p.read_text())
+        plan = self.revision(source) / "shards.json" if source else None
+        if plan is None or not plan.exists():
+            return None
+        parts = [self.figures_path(stage, source).with_suffix("") / f"{k}.json"
+                 for k in sharding.shard_keys(json.loads(plan.read_text()))]
+        got = [json.loads(x.read_text()) for x in parts if x.exists()]
+        return sharding.merge_figures(got) if got else None

@@ -87,3 +87,26 @@ def shard_keys(plan_json: dict) -> list[str]:
     if plan_json.get("keys") not in (None, keys):
         raise ShardPlanError(f"shard plan keys {plan_json.get('keys')} do not match its count {n}")
     return keys
+
+
+def merge_figures(parts: list[dict]) -> dict:
+    """The figures of a revision's shards as one: numbers add up, dicts merge key by key
+    (recursively), lists concatenate, anything else keeps the first shard's value;
+    ``agreement_rate`` (DEP-5) is recomputed from the merged counts."""
+    out: dict = {}
+    for p in parts:
+        for k, v in p.items():
+            if k not in out:
+                out[k] = v if not isinstance(v, dict) else merge_figures([v])
+            elif isinstance(v, bool) or v is None:
+                continue
+            elif isinstance(v, (int, float)) and isinstance(out[k], (int, float)):
+                out[k] = out[k] + v
+            elif isinstance(v, dict) and isinstance(out[k], dict):
+                out[k] = merge_figures([out[k], v])
+            elif isinstance(v, list) and isinstance(out[k], list):
+                out[k] = out[k] + v
+    if "agreement_rate" in out and isinstance(out.get("agreement"), dict):
+        a, n = out["agreement"], out.get("compared") or 0
+        out["agreement_rate"] = round((a.get("agree", 0) + a.get("same_class", 0)) / n, 4) if n else None
+    return out
