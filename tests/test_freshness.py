@@ -74,7 +74,7 @@ def test_identical_bytes_leave_downstream_current(fresh_tiny):
     version), nothing that reads it runs again."""
     root, instance, _ = fresh_tiny
     (root / "snapshots" / "tiny" / "revisions" / "lz4-4.4.5" / "shards" / "000" / "minhash.parquet").unlink()
-    todo = plan(instance, STAGES, DataRoot(root), load_manifest("tiny"), Partition("tiny", "lz4-4.4.5"))
+    todo = plan(instance, STAGES, DataRoot(root), load_manifest("tiny"), Partition("tiny", "lz4-4.4.5", "000"))
     assert [(t.asset, t.reason) for t in todo] == [("minhash_signatures", "output minhash is missing from the data root")]
     before = _counts(instance)
     assert run_snapshot("tiny", str(root), instance=instance) == 0
@@ -94,11 +94,11 @@ def test_changed_bytes_flow_downstream(fresh_tiny):
     from megacpp_assets.factory import GATES_TAG, INPUTS_TAG, SETTINGS_TAG
 
     last = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("minhash_signatures"),
-                                                              asset_partitions=["tiny/xxhash-4.1.0"]), limit=1).records[0]
+                                                              asset_partitions=["tiny/xxhash-4.1.0|000"]), limit=1).records[0]
     tags = dict(last.asset_materialization.tags)
     assert {SETTINGS_TAG, INPUTS_TAG, GATES_TAG} <= set(tags)
     tags["dagster/data_version"] = DataVersion(hashlib.sha256(path.read_bytes()).hexdigest()).value
-    instance.report_runless_asset_event(AssetMaterialization("minhash_signatures", partition="tiny/xxhash-4.1.0", tags=tags))
+    instance.report_runless_asset_event(AssetMaterialization("minhash_signatures", partition="tiny/xxhash-4.1.0|000", tags=tags))
     todo = plan(instance, STAGES, DataRoot(root), m, Partition("tiny"))
     assert todo[0].asset == "lsh_bands_00_07" and todo[0].reason == "upstream data changed"
     assert {t.asset for t in todo} >= {"dedup_decisions", "tokenizer", "packed_rows", "megatron_dataset"}
