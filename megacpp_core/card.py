@@ -7,7 +7,7 @@ root and attached to the ``dataset_card`` asset's metadata.
 
 from __future__ import annotations
 
-from . import layout, sharding
+from . import layout
 from .manifest import Manifest
 from .storage import DataRoot
 
@@ -56,29 +56,14 @@ def dedup_section(d: dict) -> list[str]:
     return L
 
 
-def read_figures(root: DataRoot, snapshot: str, stage: str, source: str | None = None) -> dict | None:
-    """A stage's persisted figures for a partition, or None when it has not run; for a
-    per-shard stage, the figures of the revision's shards (its plan) merged with
-    :func:`merge_figures`."""
-    key = layout.figures_key(snapshot, stage, source)
-    if root.exists(key):
-        return root.read_json(key)
-    if source is None or not root.exists(layout.shard_plan_key(snapshot, source)):
-        return None
-    keys = sharding.shard_keys(root.read_json(layout.shard_plan_key(snapshot, source)))
-    parts = [layout.figures_key(snapshot, stage, source, k) for k in keys]
-    got = [root.read_json(k) for k in parts if root.exists(k)]
-    return sharding.merge_figures(got) if got else None
-
-
 def render_card(root: DataRoot, manifest: Manifest) -> str:
     """Markdown text of the card; missing stage figures are shown as "not materialized"."""
     L: list[str] = [f"# Dataset card — snapshot `{manifest.name}`", ""]
     L += [f"Manifest: `{manifest.path.name}` · settings fingerprint `{manifest.settings.fingerprint()}` · "
           f"row length {manifest.settings.row_length:,} · vocabulary {manifest.settings.vocab_size:,}", ""]
-    rev = {st: {s.name: read_figures(root, manifest.name, st, s.name) for s in manifest.sources}
+    rev = {st: {s.name: layout.read_figures(root, manifest.name, st, s.name) for s in manifest.sources}
            for st in REVISION_STAGES + ("semantic_graph",)}
-    snap = {st: read_figures(root, manifest.name, st) for st in SNAPSHOT_STAGES}
+    snap = {st: layout.read_figures(root, manifest.name, st) for st in SNAPSHOT_STAGES}
 
     L += ["## Sources", "", "| source | archive sha256 | files | bytes | C/C++ kept | license classes | wall s |",
           "|---|---|---:|---:|---:|---|---:|"]

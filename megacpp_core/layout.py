@@ -38,6 +38,24 @@ def shard_plan_key(snapshot: str, source: str) -> str:
     return f"{snapshot_prefix(snapshot)}/revisions/{source}/shards.json"
 
 
+def read_figures(root, snapshot: str, stage: str, source: str | None = None) -> dict[str, Any] | None:
+    """A stage's persisted figures for a partition of ``root`` (a
+    :class:`~megacpp_core.storage.DataRoot`), or None when it has not run; for a per-shard
+    stage, the figures of the revision's shards (its plan) merged with
+    :func:`megacpp_core.sharding.merge_figures`."""
+    from . import sharding
+
+    key = figures_key(snapshot, stage, source)
+    if root.exists(key):
+        return root.read_json(key)
+    if source is None or not root.exists(shard_plan_key(snapshot, source)):
+        return None
+    keys = sharding.shard_keys(root.read_json(shard_plan_key(snapshot, source)))
+    parts = [figures_key(snapshot, stage, source, k) for k in keys]
+    got = [root.read_json(k) for k in parts if root.exists(k)]
+    return sharding.merge_figures(got) if got else None
+
+
 def manifest_key(snapshot: str) -> str:
     """Key of the recorded manifest of a snapshot."""
     return f"{snapshot_prefix(snapshot)}/manifest.yaml"
@@ -80,8 +98,6 @@ class SnapshotLayout:
     def kept_files(self, columns: list[str] | None = None):
         """The kept files of the snapshot (every revision's scrubbed shards filtered by the
         dedup decisions) in keep order, as one ``pyarrow.Table`` (:mod:`megacpp_core.kept`)."""
-        import json
-
         import pyarrow.parquet as pq
 
         from . import kept, sharding
@@ -111,17 +127,7 @@ class SnapshotLayout:
         return Path(self.data_root) / figures_key(self.snapshot, stage, source)
 
     def read_figures(self, stage: str, source: str | None = None) -> dict[str, Any] | None:
-        """A stage's figures for a partition; a per-shard stage's shards merged
-        (:func:`megacpp_core.sharding.merge_figures`); None when it has not run."""
-        from . import sharding
+        """A stage's figures for a partition (:func:`read_figures`); None when it has not run."""
+        from .storage import open_root
 
-        p = self.figures_path(stage, source)
-        if p.exists():
-            return json.loads(p.read_text())
-        plan = self.revision(source) / "shards.json" if source else None
-        if plan is None or not plan.exists():
-            return None
-        parts = [self.figures_path(stage, source).with_suffix("") / f"{k}.json"
-                 for k in sharding.shard_keys(json.loads(plan.read_text()))]
-        got = [json.loads(x.read_text()) for x in parts if x.exists()]
-        return sharding.merge_figures(got) if got else None
+        return read_figures(open_root(str(self.data_root)), self.snapshot, stage, source)
