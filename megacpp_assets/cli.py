@@ -200,10 +200,16 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) ->
         if not materialize(revision_job, part, early_assets, f"[{i}/{len(keys)}] repo_revision", late):
             return 1
         shards = register_shards(instance, root, manifest.name, source.name)
+        current = 0
         for shard in shards:
-            if not materialize(shard_job, Partition(manifest.name, source.name, shard), shard_assets,
-                               f"[{i}/{len(keys)}]   shard {shard} of {len(shards)}"):
+            spart = Partition(manifest.name, source.name, shard)
+            if not rerun and not freshness.plan(instance, stages, root, manifest, spart):
+                current += 1  # one summary line below, not one per shard
+                continue
+            if not materialize(shard_job, spart, shard_assets, f"[{i}/{len(keys)}]   shard {shard} of {len(shards)}"):
                 return 1
+        if current:
+            print(f"[{i}/{len(keys)}]   shards: {current} of {len(shards)} current; skipped")
         if late_assets and not materialize(revision_job, part, late_assets, f"[{i}/{len(keys)}] repo_revision", set(early_assets),
                                              say_skip=False):
             return 1

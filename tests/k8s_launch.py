@@ -4,6 +4,7 @@ daemon): load the code location with ``MEGACPP_PROFILE=production`` (jobs on
 it to the instance's ``K8sRunLauncher``, which creates the run-worker Job.
 
 Usage: ``python -m tests.k8s_launch JOB PARTITION ASSET [ASSET ...]``; prints the run id.
+``PARTITION`` is ``SNAPSHOT``, ``SNAPSHOT/SOURCE`` or ``SNAPSHOT/SOURCE|SHARD``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ def main(argv: list[str]) -> int:
     repo = ReconstructableRepository.for_module("megacpp_assets.definitions", "defs", working_directory=os.getcwd())
     recon = repo.get_reconstructable_job(job_name)
     instance = DagsterInstance.get()
-    run = instance.create_run_for_job(job_def=recon.get_definition(), run_config={}, tags={"dagster/partition": partition},
+    job_def = recon.get_definition()
+    tags = {"dagster/partition": partition}
+    if "|" in partition:  # a revision × shard key: the multi-partition's per-dimension tags too
+        revision, shard = partition.split("|")
+        tags |= {"dagster/partition/revision": revision, "dagster/partition/shard": shard}
+    run = instance.create_run_for_job(job_def=job_def, run_config={}, tags=tags,
                                       job_code_origin=recon.get_python_origin(),
                                       asset_selection=frozenset(AssetKey(a) for a in assets))
     instance.run_launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))

@@ -1,5 +1,5 @@
 """An example stage, written exactly as a module under ``megacpp_core/stages/`` would be:
-per-file line statistics of the scrubbed text. Adding it to the platform is this module
+per-file line statistics of the scrubbed text, one revision × shard at a time. Adding it to the platform is this module
 plus one line in the registry (``STAGES = (..., line_stats.STAGE)``); see docs/stages.md.
 """
 
@@ -16,7 +16,7 @@ from megacpp_core.stage import Dataset, Partitioning, Result, Stage
 #: The stage's own output. A dataset only this stage writes and no other stage reads may be
 #: declared here; once another stage reads it, it moves to megacpp_core/catalog.py.
 LINE_STATS = Dataset(
-    "line_stats", Partitioning.REVISION, "revisions/{source}/line_stats.parquet",
+    "line_stats", Partitioning.REVISION_SHARD, "revisions/{source}/shards/{shard}/line_stats.parquet",
     schema=lambda t: validate_frame(pa_schema.DataFrameSchema({
         "doc_key": pa_schema.Column(str, unique=True),
         "lines": pa_schema.Column("int64", pa_schema.Check.ge(1)),
@@ -45,7 +45,7 @@ def every_file_counted(g):
 
 
 STAGE = Stage(
-    name="line_stats", asset="line_stats", partitioning=Partitioning.REVISION, compute=compute, code_version="1",
+    name="line_stats", asset="line_stats", partitioning=Partitioning.REVISION_SHARD, compute=compute, code_version="1",
     description="Per-file line statistics of the scrubbed text.",
     inputs=(catalog.SCRUBBED,), outputs=(LINE_STATS,), gates=(every_file_counted,), figures=("files", "lines"),
 )

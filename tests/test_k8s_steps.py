@@ -118,6 +118,7 @@ def cluster(tiny_s3, s3_env, tmp_path_factory):
             instance.add_dynamic_partitions("snapshot", ["tiny"])
             instance.add_dynamic_partitions("repo_revision", ["tiny/pybind11-3.1.0", "tiny/lz4-4.4.5",
                                                               "tiny/xxhash-4.1.0"])
+            instance.add_dynamic_partitions("shard", ["000"])
             yield c, instance, home, url
 
 
@@ -128,9 +129,9 @@ def _local_hash(tiny_run, rel: str) -> str:
 def test_minhash_step_runs_in_its_own_pod(cluster, tiny_run):
     c, instance, home, url = cluster
     root = DataRoot(url)
-    key = "snapshots/tiny/revisions/lz4-4.4.5/minhash.parquet"
+    key = "snapshots/tiny/revisions/lz4-4.4.5/shards/000/minhash.parquet"
     root.delete(key)  # the step pod must write it again
-    run_id = _launch(home, "revision_job", "tiny/lz4-4.4.5", "minhash_signatures")
+    run_id = _launch(home, "shard_job", "tiny/lz4-4.4.5|000", "minhash_signatures")
     _wait_run(instance, run_id, c)
     kinds = {n: j["body"]["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
              for n, j in c.jobs.items()}
@@ -155,7 +156,7 @@ def test_minhash_step_runs_in_its_own_pod(cluster, tiny_run):
     from dagster import AssetKey, AssetRecordsFilter
 
     rec = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("minhash_signatures"),
-                                                             asset_partitions=["tiny/lz4-4.4.5"]), limit=1).records
+                                                             asset_partitions=["tiny/lz4-4.4.5|000"]), limit=1).records
     assert rec and rec[0].run_id == run_id and rec[0].asset_materialization.tags["dagster/data_version"]
 
 

@@ -65,6 +65,7 @@ def test_a_second_run_on_s3_is_current(tiny_s3, s3_env):
                        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("(current; skipped)") == 3 and "tiny: current; skipped" in r.stdout
+    assert r.stdout.count("shards: 1 of 1 current; skipped") == 3
 
 
 def test_atomic_writes_and_clear_errors_on_s3(s3_env):

@@ -68,9 +68,10 @@ def test_adding_one_source_materializes_only_that_revision(tiny_run_b, tmp_path)
 
     root, instance, _ = tiny_run_b
     before_rev, before_snap = len(_runs(instance, "revision_job")), len(_runs(instance, "snapshot_job"))
+    before_shard = len(_runs(instance, "shard_job"))
     old_ids = {k: instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("scrubbed_files"), asset_partitions=[k]),
                                                   limit=1).records[0].storage_id
-               for k in instance.get_dynamic_partitions("repo_revision") if k.startswith("tiny/")}
+               for k in (f"{rev}|000" for rev in instance.get_dynamic_partitions("repo_revision") if rev.startswith("tiny/"))}
     extra = tmp_path / "extra"
     extra.mkdir()
     (extra / "LICENSE").write_text("Permission is hereby granted, free of charge, to any person obtaining a copy of this software "
@@ -82,7 +83,10 @@ def test_adding_one_source_materializes_only_that_revision(tiny_run_b, tmp_path)
                      f"  - {{name: extra-ring, kind: local, path: '{extra}', label: 'r1'}}\n")
     assert run_snapshot(str(grown), str(root), instance=instance) == 0
     new_rev = _runs(instance, "revision_job")[: len(_runs(instance, "revision_job")) - before_rev]
-    assert [r.tags["dagster/partition"] for r in new_rev] == ["tiny/extra-ring"]
+    # the revision's own assets (before and after its shards: the libclang lane) and its one shard
+    assert {r.tags["dagster/partition"] for r in new_rev} == {"tiny/extra-ring"}
+    new_shard = _runs(instance, "shard_job")[: len(_runs(instance, "shard_job")) - before_shard]
+    assert [r.tags["dagster/partition"] for r in new_shard] == ["tiny/extra-ring|000"]
     assert len(_runs(instance, "snapshot_job")) == before_snap + 1
     for k, sid in old_ids.items():  # old revisions untouched
         assert instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("scrubbed_files"), asset_partitions=[k]),

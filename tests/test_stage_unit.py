@@ -26,7 +26,7 @@ def tiny_root(tiny_run):
     removed afterwards, so other tests still find exactly the registry's outputs."""
     yield tiny_run
     snap = tiny_run[0] / "snapshots" / "tiny"
-    for pattern in ("revisions/*/line_stats.parquet", "revisions/*/probe.parquet", "figures/line_stats",
+    for pattern in ("revisions/*/shards/*/line_stats.parquet", "revisions/*/shards/*/probe.parquet", "figures/line_stats",
                     "figures/probe"):
         for p in snap.glob(pattern):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -38,11 +38,11 @@ def test_the_example_stage_becomes_an_asset_with_its_checks():
     defs = build_definitions(WITH_EXAMPLE)
     graph = defs.resolve_asset_graph()
     node = graph.get(AssetKey("line_stats"))
-    assert node.parent_keys == {AssetKey("scrubbed_files")} and node.partitions_def.name == "repo_revision"
+    assert node.parent_keys == {AssetKey("scrubbed_files")} and node.partitions_def == graph.get(AssetKey("scrubbed_files")).partitions_def
     assert node.code_version == "1"
     specs = {s.key.name: s for s in defs.resolve_assets_def(AssetKey("line_stats")).check_specs}
     assert set(specs) == {"every_file_counted", "line_stats_schema"} and all(s.blocking for s in specs.values())
-    assert AssetKey("line_stats") in {k for k in defs.resolve_job_def("revision_job").asset_layer.executable_asset_keys}
+    assert AssetKey("line_stats") in {k for k in defs.resolve_job_def("shard_job").asset_layer.executable_asset_keys}
 
 
 def _count(instance, asset: str) -> int:
@@ -60,15 +60,17 @@ def test_a_new_stage_on_a_materialized_snapshot_runs_only_itself(tiny_root):
     assert len(instance.get_runs(filters=RunsFilter(job_name="snapshot_job"))) == runs_before
     assert _count(instance, "line_stats") == 3
     for src in ("pybind11-3.1.0", "lz4-4.4.5", "xxhash-4.1.0"):
-        path = root / "snapshots" / "tiny" / "revisions" / src / "line_stats.parquet"
+        path = root / "snapshots" / "tiny" / "revisions" / src / "shards" / "000" / "line_stats.parquet"
         assert path.stat().st_size > 0
     assert run_snapshot("tiny", str(root), instance=instance, stages=WITH_EXAMPLE) == 0
     assert _count(instance, "line_stats") == 3  # current now: skipped
 
 
-def _tiny_stage(compute, **kw) -> Stage:
-    out = Dataset("probe", Partitioning.REVISION, "revisions/{source}/probe.parquet")
-    return Stage(name="probe", asset="probe", partitioning=Partitioning.REVISION, compute=compute, code_version="1",
+def _tiny_stage(compute, partitioning=Partitioning.REVISION_SHARD, **kw) -> Stage:
+    path = ("revisions/{source}/shards/{shard}/probe.parquet" if partitioning is Partitioning.REVISION_SHARD
+            else "revisions/{source}/probe.parquet")
+    out = Dataset("probe", partitioning, path)
+    return Stage(name="probe", asset="probe", partitioning=partitioning, compute=compute, code_version="1",
                  description="probe", inputs=kw.pop("inputs", (catalog.SCRUBBED,)), outputs=(out,), **kw)
 
 
@@ -77,7 +79,7 @@ def test_declarations_are_enforced_at_run_time(tiny_root):
 
     root = DataRoot(tiny_root[0])
     m = load_manifest("tiny")
-    part = Partition("tiny", "lz4-4.4.5")
+    part = Partition("tiny", "lz4-4.4.5", "000")
     table = pa.table({"x": [1]})
 
     def reads_undeclared(ctx):
@@ -114,14 +116,14 @@ def test_a_failing_gate_is_reported_not_raised(tiny_root):
 
     res = run_stage(_tiny_stage(lambda ctx: Result({"probe": pa.table({"x": [1]})}),
                                 gates=(gate_that_fails, gate_that_raises)),
-                    DataRoot(tiny_root[0]), load_manifest("tiny"), Partition("tiny", "lz4-4.4.5"))
+                    DataRoot(tiny_root[0]), load_manifest("tiny"), Partition("tiny", "lz4-4.4.5", "000"))
     assert not res.ok and res.checks["gate_that_fails"] == (False, "always")
     assert res.checks["gate_that_raises"][0] is False and "RuntimeError: boom" in res.checks["gate_that_raises"][1]
 
 
 def test_registry_refuses_broken_lineage():
     orphan = dataclasses.replace(stages.by_name("chunk"), name="orphan", asset="orphan", outputs=())
-    with pytest.raises(ValueError, match="reads kept, which no earlier stage writes"):
+    with pytest.raises(ValueError, match="reads scrubbed, which no earlier stage writes"):
         stages.producers((orphan,))
     twice = dataclasses.replace(stages.by_name("quality"), name="quality2", asset="quality2")
     with pytest.raises(ValueError, match="written by quality and quality2"):
@@ -135,7 +137,7 @@ def test_outputs_are_removed_before_a_stage_recomputes(tmp_path):
     root = DataRoot(tmp_path)
     m = load_manifest("tiny")
     part = Partition("tiny", "lz4-4.4.5")
-    stage = _tiny_stage(lambda ctx: Result({"probe": pa.table({"x": [1]})}), inputs=())
+    stage = _tiny_stage(lambda ctx: Result({"probe": pa.table({"x": [1]})}), Partitioning.REVISION, inputs=())
     run_stage(stage, root, m, part)
     key = "snapshots/tiny/revisions/lz4-4.4.5/probe.parquet"
     assert root.exists(key)

@@ -207,7 +207,7 @@ def test_tiny_every_document_round_trips(tiny_layout):
 
 def _copy_snapshot(tiny_layout, tmp_path) -> SnapshotLayout:
     dst = tmp_path / "root"
-    for stage in ("tokenizer", "documents", "dedup"):
+    for stage in ("tokenizer", "documents", "dedup", "revisions"):
         shutil.copytree(tiny_layout.stage_dir(stage), SnapshotLayout(dst, "tiny").stage_dir(stage))
     return SnapshotLayout(dst, "tiny")
 

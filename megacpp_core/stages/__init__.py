@@ -55,15 +55,28 @@ def producers(stages: tuple[Stage, ...] = STAGES) -> dict[str, Stage]:
     return out
 
 
-def run(name: str, root, manifest, source: str | None = None, **kwargs):
+def run(name: str, root, manifest, source: str | None = None, shard: str | None = None, **kwargs):
     """Run the stage ``name`` on the revision ``source`` (or the snapshot) of ``manifest``
     under the data root ``root`` (a :class:`~megacpp_core.storage.DataRoot`, path or URL):
-    the same code the Dagster asset runs, for tools and tests."""
-    from ..runner import run_stage
-    from ..stage import Partition
+    the same code the Dagster asset runs, for tools and tests.
+
+    For a per revision × shard stage, ``shard`` names one shard ("000"); left out, every
+    shard of the revision's plan runs in order and the result of the last one is returned.
+    Raises :class:`~megacpp_core.storage.MissingOutputError` when a per-shard stage runs on
+    a revision with no shard plan yet.
+    """
+    from ..runner import revision_shards, run_stage
+    from ..stage import Partition, Partitioning
     from ..storage import DataRoot
 
     if not isinstance(root, DataRoot):
         root = DataRoot(root)
     src = source.name if hasattr(source, "name") else source
-    return run_stage(by_name(name), root, manifest, Partition(manifest.name, src), **kwargs)
+    stage = by_name(name)
+    if stage.partitioning is Partitioning.REVISION_SHARD and src is not None:
+        keys = [shard] if shard is not None else revision_shards(root, manifest.name, src)
+        result = None
+        for k in keys:
+            result = run_stage(stage, root, manifest, Partition(manifest.name, src, k), **kwargs)
+        return result
+    return run_stage(stage, root, manifest, Partition(manifest.name, src), **kwargs)
