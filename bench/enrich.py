@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from megacpp_core.layout import SnapshotLayout
@@ -76,17 +77,17 @@ def main(snapshot: Path, repeat: int = 1) -> dict:
                   "ratio_to_parse": round(stage_s / parse_s, 3), "goal_ratio": 1.5,
                   "meets_goal": stage_s / parse_s <= 1.5},
     }
-    tokenized = snapshot / "tokenized" / "documents.parquet"
-    names = pq.read_schema(tokenized).names if tokenized.exists() else []
+    tokenized = sorted(snapshot.glob("revisions/*/shards/*/tokenized.parquet"))
+    names = pq.read_schema(tokenized[0]).names if tokenized else []
     counts = np.zeros(len(chunk.StructureCategory), dtype=np.int64)
     if "structure_ids" in names:
-        col = pq.read_table(tokenized, columns=["structure_ids"]).column("structure_ids").combine_chunks()
+        col = pa.concat_tables([pq.read_table(p, columns=["structure_ids"]) for p in tokenized]).column("structure_ids").combine_chunks()
         offs = col.offsets.to_numpy()
         flat = col.values.to_numpy()
         body = np.ones(len(flat), dtype=bool)
         body[offs[:-1][offs[:-1] < len(flat)]] = False  # skip each document's BOS
         counts += np.bincount(flat[body], minlength=len(counts))[:len(counts)]
-        out["structure_token_share_source"] = str(tokenized)
+        out["structure_token_share_source"] = str(snapshot / "revisions/*/shards/*/tokenized.parquet")
     total = max(1, int(counts.sum()))
     out["structure_tokens"] = int(counts.sum())
     out["structure_token_share"] = {c.name: round(int(counts[c]) / total, 4) for c in chunk.StructureCategory}

@@ -39,9 +39,9 @@ def main(snapshot: Path) -> dict:
     m = manifest.load_manifest(snapshot / "manifest.yaml")
     info = json.loads((snapshot / "tokenizer" / "tokenizer_manifest.json").read_text())
     tok = tk.load_tokenizer(snapshot / "tokenizer" / "tokenizer.json")
-    docs_path = layout.stage_dir("tokenized") / "documents.parquet"  # what stage 9 reads, enrichment included
-    columns, optional = pack_inputs.columns_to_read(pq.read_schema(docs_path).names)
-    raw = pq.read_table(docs_path, columns=columns)
+    first = next(snapshot.glob("revisions/*/shards/*/tokenized.parquet"))
+    columns, optional = pack_inputs.columns_to_read(pq.read_schema(first).names)
+    raw = layout.documents("tokenized", columns, without_drops=True)  # what stage 9 reads, enrichment included
     inputs = pack_inputs.pack_inputs(raw, optional)
     texts = raw.column("text").to_pylist()
     ids = [x.ids for x in inputs]

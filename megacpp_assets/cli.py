@@ -164,13 +164,13 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) ->
     t0 = time.perf_counter()
     revision_job = definitions.resolve_job_def("revision_job")
     shard_job = definitions.resolve_job_def("shard_job")
-    revision_assets = [s.asset for s in stages if s.partitioning is Partitioning.REVISION]
-    shard_assets = [s.asset for s in stages if s.partitioning is Partitioning.REVISION_SHARD]
-    from megacpp_assets.factory import register_shards
+    snapshot_job = definitions.resolve_job_def("snapshot_job")
+    from megacpp_assets.factory import CARD_CODE_VERSION, register_shards
+    from megacpp_core.stages import phases
 
-    def materialize(job, part, assets, label, exclude=frozenset(), say_skip=True) -> bool:
+    def materialize(job, part, assets, label, say_skip=True) -> bool:
         todo = assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, part)
-                                     if x.asset not in exclude]
+                                     if x.asset in assets]
         if not todo:
             if say_skip:
                 print(f"{label} {part.key} (current; skipped)")
@@ -183,53 +183,54 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) ->
             _report_failure(result, part.key)
         return result.success
 
-    # revision assets that read a shard dataset (the libclang lane reads the scrubbed files)
-    # run after the revision's shards; the rest (acquire) before them
-    from megacpp_core.stages import producers as producers_of
-    prod = producers_of(stages)
-    late: set[str] = set()
-    for s in stages:
-        if s.partitioning is Partitioning.REVISION and any(
-                prod[d.name].partitioning is Partitioning.REVISION_SHARD or prod[d.name].asset in late for d in s.inputs):
-            late.add(s.asset)
-    early_assets = [a for a in revision_assets if a not in late]
-    late_assets = [a for a in revision_assets if a in late]
-
-    for i, source in enumerate(manifest.sources, 1):
-        part = Partition(manifest.name, source.name)
-        if not materialize(revision_job, part, early_assets, f"[{i}/{len(keys)}] repo_revision", late):
-            return 1
-        shards = register_shards(instance, root, manifest.name, source.name)
-        current = 0
-        for shard in shards:
-            spart = Partition(manifest.name, source.name, shard)
-            if not rerun and not freshness.plan(instance, stages, root, manifest, spart):
-                current += 1  # one summary line below, not one per shard
-                continue
-            if not materialize(shard_job, spart, shard_assets, f"[{i}/{len(keys)}]   shard {shard} of {len(shards)}"):
-                return 1
-        if current:
-            print(f"[{i}/{len(keys)}]   shards: {current} of {len(shards)} current; skipped")
-        if late_assets and not materialize(revision_job, part, late_assets, f"[{i}/{len(keys)}] repo_revision", set(early_assets),
-                                             say_skip=False):
-            return 1
+    # passes over the snapshot (megacpp_core.stages.phases): per revision its own assets,
+    # its shards, the assets reading its shards (the libclang lane); then the snapshot
+    # steps. The chunk shards start a second pass: they read the dedup decisions and the
+    # tokenizer of the first.
+    passes = phases(stages)
     snap = Partition(manifest.name)
-    snapshot_assets = [s.asset for s in stages if s.partitioning is Partitioning.SNAPSHOT] + ["dataset_card"]
-    final = [s for s in stages if s.partitioning is Partitioning.SNAPSHOT][-1]
-    from megacpp_assets.factory import CARD_CODE_VERSION
-
-    extra = {"dataset_card": (CARD_CODE_VERSION, [final.asset], lambda: root.exists(layout.card_key(manifest.name)))}
-    plan = snapshot_assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, snap, extra)]
-    if plan:
-        print(f"[snapshot] {manifest.name}: " + " → ".join(plan))
-        result = definitions.resolve_job_def("snapshot_job").execute_in_process(
-            instance=instance, partition_key=manifest.name, run_config=QUIET, raise_on_error=False,
-            asset_selection=[AssetKey(a) for a in plan])
-        if not result.success:
-            _report_failure(result, manifest.name)
-            return 1
-    else:
-        print(f"[snapshot] {manifest.name}: current; skipped")
+    for n, ph in enumerate(passes, 1):
+        if len(passes) > 1:
+            print(f"pass {n}/{len(passes)}: {', '.join(s.name for s in ph.stages)}")
+        early, shard, late = ([s.asset for s in x] for x in (ph.early, ph.shard, ph.late))
+        for i, source in enumerate(manifest.sources, 1):
+            part = Partition(manifest.name, source.name)
+            if early and not materialize(revision_job, part, early, f"[{i}/{len(keys)}] repo_revision"):
+                return 1
+            if shard:
+                shards = register_shards(instance, root, manifest.name, source.name)
+                current = 0
+                for k in shards:
+                    spart = Partition(manifest.name, source.name, k)
+                    if not rerun and not [x for x in freshness.plan(instance, stages, root, manifest, spart) if x.asset in shard]:
+                        current += 1  # one summary line below, not one per shard
+                        continue
+                    if not materialize(shard_job, spart, shard, f"[{i}/{len(keys)}]   shard {k} of {len(shards)}"):
+                        return 1
+                if current:
+                    print(f"[{i}/{len(keys)}]   {manifest.name}/{source.name}: shards {current} of {len(shards)} current; skipped")
+            if late and not materialize(revision_job, part, late, f"[{i}/{len(keys)}] repo_revision", say_skip=not early):
+                return 1
+        snapshot_assets = [s.asset for s in ph.snapshot]
+        extra = {}
+        if n == len(passes):
+            snapshot_assets.append("dataset_card")
+            final = [s for s in stages if s.partitioning is Partitioning.SNAPSHOT][-1]
+            extra = {"dataset_card": (CARD_CODE_VERSION, [final.asset], lambda: root.exists(layout.card_key(manifest.name)))}
+        if not snapshot_assets:
+            continue
+        plan = snapshot_assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, snap, extra)
+                                              if x.asset in snapshot_assets]
+        if plan:
+            print(f"[snapshot] {manifest.name}: " + " → ".join(plan))
+            result = snapshot_job.execute_in_process(
+                instance=instance, partition_key=manifest.name, run_config=QUIET, raise_on_error=False,
+                asset_selection=[AssetKey(a) for a in plan])
+            if not result.success:
+                _report_failure(result, manifest.name)
+                return 1
+        else:
+            print(f"[snapshot] {manifest.name}: {', '.join(snapshot_assets)} current; skipped")
     print(f"\nDone in {time.perf_counter() - t0:.1f}s. Outputs of snapshot {manifest.name!r}:")
     prefix = layout.snapshot_prefix(manifest.name)
     for sub in ("packed", "megatron", "tokenizer"):

@@ -151,14 +151,18 @@ def to_result(stage: Stage, res: StageResult, root, extra_tags: dict[str, str] |
 
 def partition_mapping(up: Partitioning, down: Partitioning):
     """How a ``down`` partition maps to the ``up`` partitions it reads: the same key, all
-    of them (a snapshot step fanning in), or the ``revision`` dimension of the
-    revision × shard grid."""
+    of them (a snapshot step fanning in, or a revision/shard step reading a snapshot-wide
+    dataset), or the ``revision`` dimension of the revision × shard grid (either way)."""
     if up is down:
         return None
     if down is Partitioning.SNAPSHOT:
         return AllPartitionMapping()
-    if Partitioning.SNAPSHOT in (up, down):
-        raise ValueError(f"a per-{down.value} asset cannot read a per-{up.value} one")
+    if up is Partitioning.SNAPSHOT:
+        # a per-revision or per-shard asset reading a snapshot-wide one (the chunk shards
+        # read the dedup decisions and the tokenizer): no built-in mapping takes the
+        # revision key SNAPSHOT/SOURCE to SNAPSHOT, so every snapshot partition is upstream
+        # in the graph; the runner reads the partition's own snapshot
+        return AllPartitionMapping()
     return MultiToSingleDimensionPartitionMapping(partition_dimension_name="revision")
 
 

@@ -63,7 +63,8 @@ def render_card(root: DataRoot, manifest: Manifest) -> str:
           f"row length {manifest.settings.row_length:,} · vocabulary {manifest.settings.vocab_size:,}", ""]
     rev = {st: {s.name: layout.read_figures(root, manifest.name, st, s.name) for s in manifest.sources}
            for st in REVISION_STAGES + ("semantic_graph",)}
-    snap = {st: layout.read_figures(root, manifest.name, st) for st in SNAPSHOT_STAGES}
+    names = [s.name for s in manifest.sources]
+    snap = {st: layout.read_figures(root, manifest.name, st, sources=names) for st in SNAPSHOT_STAGES}
 
     L += ["## Sources", "", "| source | archive sha256 | files | bytes | C/C++ kept | license classes | wall s |",
           "|---|---|---:|---:|---:|---|---:|"]

@@ -50,6 +50,14 @@ SCRUBBED = Dataset("scrubbed", SHARD, "revisions/{source}/shards/{shard}/scrubbe
 MINHASH = Dataset("minhash", SHARD, "revisions/{source}/shards/{shard}/minhash.parquet", schema=s_minhash.validate_signatures,
                   description="one MinHash signature (num_perm uint32) per scrubbed file")
 
+# ---------------------------------------------------------------- per revision × shard (stages 6, 8)
+CHUNKS = Dataset("chunks", SHARD, "revisions/{source}/shards/{shard}/chunks.parquet", schema=s_documents.validate_documents,
+                 description="the shard's kept files cut into documents within exact token budgets, with "
+                             "character-level enrichment, in keep order")
+TOKENIZED = Dataset("tokenized", SHARD, "revisions/{source}/shards/{shard}/tokenized.parquet",
+                    schema=s_documents.validate_tokenized_documents,
+                    description="BOS + uint32 ids per document of the shard with token-aligned enrichment")
+
 # ---------------------------------------------------------------- per revision (the libclang lane)
 COMPILE_COMMANDS = Dataset("compile_commands", REV, "revisions/{source}/compile_commands.json", kind=Kind.TEXT,
                            description="the revision's compile command database (shipped or synthesized) with its inputs' sha256")
@@ -71,14 +79,9 @@ TOKENIZER = Dataset("tokenizer", SNAP, "tokenizer/tokenizer.json", kind=Kind.TEX
                     description="the HuggingFace tokenizers file of the snapshot tokenizer")
 TOKENIZER_MANIFEST = Dataset("tokenizer_manifest", SNAP, "tokenizer/tokenizer_manifest.json", kind=Kind.JSON,
                              description="the tokenizer's sha256, vocabulary size and band layout")
-CHUNKS = Dataset("chunks", SNAP, "documents/chunks.parquet", schema=s_documents.validate_documents,
-                 description="documents within exact token budgets, with character-level enrichment")
-DEDUPED = Dataset("deduped", SNAP, "documents/deduped.parquet", schema=s_documents.validate_documents,
-                  description="the documents left after chunk-level dedup, in keep order")
 CHUNK_DROPS = Dataset("chunk_drops", SNAP, "documents/chunk_drops.parquet", schema=s_chunk_dedup.validate_drops,
-                      description="one row per dropped whitelisted chunk with its kept twin")
-TOKENIZED = Dataset("tokenized", SNAP, "tokenized/documents.parquet", schema=s_documents.validate_tokenized_documents,
-                    description="BOS + uint32 ids per document with token-aligned enrichment")
+                      description="one row per dropped whitelisted chunk with its kept twin (decided on hashes; "
+                                  "the pack and format stages leave these documents out)")
 PACKED = Dataset("packed", SNAP, "packed", kind=Kind.SHARDS,
                  description="packed-row parquet shards (train-*, validation-*) and the _SUCCESS sentinel (SPEC §6)")
 MEGATRON = Dataset("megatron", SNAP, "megatron", kind=Kind.FILES, marker="{snapshot}_text_document.json",

@@ -1,5 +1,5 @@
-"""The kept files of a snapshot, read shard by shard from the scrubbed shards and the dedup
-decisions (there is no snapshot-wide copy of the texts).
+"""The kept files and documents of a snapshot, read shard by shard (there is no
+snapshot-wide copy of the texts).
 
 Stage 4 writes decisions only (keep/drop per ``doc_key``, from hashes and signatures);
 readers that need the kept texts stream every revision's scrubbed shards, keep the rows
@@ -38,6 +38,52 @@ def keep_order(table: pa.Table) -> pa.Table:
     order = pc.sort_indices(pa.table({"r": rank, "s": table.column("source_order"), "p": table.column("path")}),
                             sort_keys=[("r", "ascending"), ("s", "ascending"), ("p", "ascending")])
     return table.take(order)
+
+
+def shard_kept(scrubbed, decisions, columns: list[str] | None = None) -> pa.Table:
+    """The kept files of one scrubbed shard in keep order (``columns`` plus the keep-order
+    columns; every column when None). ``scrubbed`` and ``decisions`` are input references;
+    only the decisions of this shard's ``doc_key`` values are read (a filter applied row
+    group by row group), so memory follows the shard, not the snapshot."""
+    cols = None if columns is None else sorted(set(columns) | {"doc_key", "license_class", "source_order", "path"})
+    t = scrubbed.read(columns=cols)
+    if not t.num_rows:
+        return t
+    mine = t.column("doc_key").combine_chunks()
+    dec = decisions.read(columns=["doc_key", "keep"], filters=pc.field("doc_key").isin(mine) & (pc.field("keep") == True))  # noqa: E712
+    return keep_order(t.filter(pc.is_in(t.column("doc_key"), value_set=dec.column("doc_key").combine_chunks())))
+
+
+def document_order(table: pa.Table, source_order: dict[str, int]) -> pa.Table:
+    """Documents (``license_class``, ``source``, ``path``, ``chunk_index``) in snapshot keep
+    order: ``(LICENSE_RANK, source_order, path, chunk_index)``, ``source_order`` being the
+    manifest position of each source. The order packing and the Megatron export follow; it
+    does not depend on the number of shards."""
+    rank = pa.array([LICENSE_RANK[c] for c in table.column("license_class").to_pylist()], type=pa.int32())
+    src = pa.array([source_order[x] for x in table.column("source").to_pylist()], type=pa.int32())
+    order = pc.sort_indices(pa.table({"r": rank, "s": src, "p": table.column("path"), "c": table.column("chunk_index")}),
+                            sort_keys=[("r", "ascending"), ("s", "ascending"), ("p", "ascending"), ("c", "ascending")])
+    return table.take(order)
+
+
+def read_documents(refs: Iterable, source_order: dict[str, int], columns: list[str] | None = None,
+                   drops: pa.Array | None = None) -> pa.Table:
+    """Every document of the document shards ``refs`` (``chunks`` or ``tokenized`` input
+    references) but the ``doc_key`` values in ``drops``, in :func:`document_order`
+    (``columns`` plus the order columns). Holds the documents it returns: the pack and
+    format stages call it with the columns they need."""
+    cols = None if columns is None else list(dict.fromkeys(
+        list(columns) + ["doc_key", "license_class", "source", "path", "chunk_index"]))
+    refs, parts = list(refs), []
+    for ref in refs:
+        t = ref.read(columns=cols)
+        if drops is not None and len(drops) and t.num_rows:
+            t = t.filter(pc.invert(pc.is_in(t.column("doc_key"), value_set=drops)))
+        if t.num_rows:
+            parts.append(t)
+    if not parts:
+        return refs[0].read(columns=cols).slice(0, 0) if refs else pa.table({})
+    return document_order(pa.concat_tables(parts), source_order)
 
 
 def kept_table(refs: Iterable, decisions: pa.Table, columns: list[str] | None = None) -> pa.Table:

@@ -38,17 +38,27 @@ def shard_plan_key(snapshot: str, source: str) -> str:
     return f"{snapshot_prefix(snapshot)}/revisions/{source}/shards.json"
 
 
-def read_figures(root, snapshot: str, stage: str, source: str | None = None) -> dict[str, Any] | None:
+def read_figures(root, snapshot: str, stage: str, source: str | None = None,
+                 sources: list[str] | None = None) -> dict[str, Any] | None:
     """A stage's persisted figures for a partition of ``root`` (a
-    :class:`~megacpp_core.storage.DataRoot`), or None when it has not run; for a per-shard
-    stage, the figures of the revision's shards (its plan) merged with
-    :func:`megacpp_core.sharding.merge_figures`."""
+    :class:`~megacpp_core.storage.DataRoot`), or None when it has not run. For a per-shard
+    stage: at a revision, its shards' figures (the revision's plan) merged with
+    :func:`megacpp_core.sharding.merge_figures`; at the snapshot (``source`` None), every
+    revision's merged figures merged again — over ``sources`` (manifest order) when given,
+    else over the revisions that have figures."""
     from . import sharding
 
     key = figures_key(snapshot, stage, source)
     if root.exists(key):
         return root.read_json(key)
-    if source is None or not root.exists(shard_plan_key(snapshot, source)):
+    if source is None:
+        if sources is None:
+            prefix = f"{snapshot_prefix(snapshot)}/figures/{stage}/"
+            sources = sorted({k[len(prefix):].split("/", 1)[0] for k in root.list(prefix.rstrip("/"))
+                              if "/" in k[len(prefix):]})
+        got = [f for f in (read_figures(root, snapshot, stage, s) for s in sources) if f]
+        return sharding.merge_figures(got) if got else None
+    if not root.exists(shard_plan_key(snapshot, source)):
         return None
     keys = sharding.shard_keys(root.read_json(shard_plan_key(snapshot, source)))
     parts = [figures_key(snapshot, stage, source, k) for k in keys]
@@ -95,26 +105,58 @@ class SnapshotLayout:
         """Directory of one shard of a revision (``revisions/SOURCE/shards/SHARD``)."""
         return self.revision(source) / "shards" / shard
 
-    def kept_files(self, columns: list[str] | None = None):
-        """The kept files of the snapshot (every revision's scrubbed shards filtered by the
-        dedup decisions) in keep order, as one ``pyarrow.Table`` (:mod:`megacpp_core.kept`)."""
+    def _shard_refs(self, name: str) -> list:
+        """A reader per shard (every revision's plan, shard order) of ``revisions/*/shards/*/NAME.parquet``."""
         import pyarrow.parquet as pq
 
-        from . import kept, sharding
+        from . import sharding
 
         class _Ref:
             def __init__(self, path):
                 self.path = path
 
-            def read(self, columns=None):
-                return pq.read_table(self.path, columns=columns)
+            def read(self, columns=None, filters=None):
+                return pq.read_table(self.path, columns=columns, filters=filters)
 
         refs = []
         for plan in sorted(self.root.glob("revisions/*/shards.json")):
             for k in sharding.shard_keys(json.loads(plan.read_text())):
-                refs.append(_Ref(plan.parent / "shards" / k / "scrubbed.parquet"))
+                if (plan.parent / "shards" / k / f"{name}.parquet").exists():
+                    refs.append(_Ref(plan.parent / "shards" / k / f"{name}.parquet"))
+        return refs
+
+    def kept_files(self, columns: list[str] | None = None):
+        """The kept files of the snapshot (every revision's scrubbed shards filtered by the
+        dedup decisions) in keep order, as one ``pyarrow.Table`` (:mod:`megacpp_core.kept`)."""
+        import pyarrow.parquet as pq
+
+        from . import kept
+
         decisions = pq.read_table(self.stage_dir("dedup") / "decisions.parquet", columns=["doc_key", "keep"])
-        return kept.kept_table(refs, decisions, columns)
+        return kept.kept_table(self._shard_refs("scrubbed"), decisions, columns)
+
+    def documents(self, name: str = "tokenized", columns: list[str] | None = None, without_drops: bool = False):
+        """Every shard's ``chunks`` or ``tokenized`` documents as one ``pyarrow.Table`` in
+        snapshot keep order (:func:`megacpp_core.kept.read_documents`; sources in the order
+        of the recorded manifest); ``without_drops``: leave out the chunk-level dedup drops,
+        as the pack and format stages do."""
+        import pyarrow.parquet as pq
+
+        import yaml
+
+        from . import kept
+
+        refs = self._shard_refs(name)
+        recorded = Path(self.data_root) / manifest_key(self.snapshot)
+        sources = (yaml.safe_load(recorded.read_text()) or {}).get("sources", []) if recorded.exists() else []
+        names = [s["name"] for s in sources if isinstance(s, dict) and "name" in s]
+        names += sorted({r.path.parts[-4] for r in refs} - set(names))  # revisions/SOURCE/shards/SHARD/x
+        order = {n: i for i, n in enumerate(names)}
+        drops = None
+        if without_drops:
+            drops = pq.read_table(self.stage_dir("documents") / "chunk_drops.parquet",
+                                  columns=["doc_key"]).column("doc_key").combine_chunks()
+        return kept.read_documents(refs, order, columns, drops)
 
     def stage_dir(self, name: str) -> Path:
         return self.root / name

@@ -93,8 +93,10 @@ class InputRef:
             return bool([k for k in self._root.list(self.key) if ".tmp-" not in k])
         return self._root.exists(self.key)
 
-    def read(self, columns: list[str] | None = None) -> pa.Table:
-        return self._root.read_table(self.key, columns=columns)
+    def read(self, columns: list[str] | None = None, filters=None) -> pa.Table:
+        """The table (only ``columns``; only the rows matching the pyarrow expression
+        ``filters``, applied row group by row group)."""
+        return self._root.read_table(self.key, columns=columns, filters=filters)
 
     def parquet_file(self):
         return self._root.parquet_file(self.key)

@@ -89,23 +89,63 @@ def shard_keys(plan_json: dict) -> list[str]:
     return keys
 
 
+#: Figures that are the largest value of any shard, not a sum.
+MAX_PREFIXES = ("max_", "largest_", "longest_")
+#: Figures every shard reports alike (settings, versions, sizes of a fixed layout): the
+#: first shard's value stands.
+SAME = frozenset({"budget_tokens", "vocab_size", "row_length", "num_perm", "shingle_k", "shard_bytes", "source",
+                  "tokenizer_sha256", "enrichment_version", "ast_node_type_map", "ast_node_type_map_sha256",
+                  "platform_vocabulary", "platform_vocabulary_sha256", "vocabulary", "vocabulary_sha256", "labels"})
+#: Rates recomputed from the merged counts: ``{figure: (numerator, denominator, digits)}``.
+RATIOS = {"brace_fallback_rate": ("brace_fallback_files", "files", 4),
+          "bytes_per_token": ("text_bytes", "tokens", 4),
+          "mean_labels_per_document": ("labels_assigned", "documents", 4),
+          "mb_per_cpu_second": ("bytes", None, 3)}
+
+
 def merge_figures(parts: list[dict]) -> dict:
-    """The figures of a revision's shards as one: numbers add up, dicts merge key by key
-    (recursively), lists concatenate, anything else keeps the first shard's value;
-    ``agreement_rate`` (DEP-5) is recomputed from the merged counts."""
+    """The figures of a revision's (or a snapshot's) shards as one.
+
+    Numbers add up, except: names in :data:`SAME` keep the first shard's value; names
+    starting with one of :data:`MAX_PREFIXES` take the largest; names ending in ``_share``
+    (a number or a dict of numbers) are the mean over the parts weighted by each part's
+    ``tokens`` figure (1 when absent); the rates of
+    :data:`RATIOS` are recomputed from the merged counts (``mb_per_cpu_second`` from the
+    bytes and the summed ``wall_seconds``); ``agreement_rate`` (DEP-5) from the merged
+    agreement counts. Dicts merge key by key (recursively), lists concatenate, booleans
+    and anything else keep the first shard's value. ``parts`` is not modified.
+    """
     out: dict = {}
     for p in parts:
         for k, v in p.items():
             if k not in out:
                 out[k] = v if not isinstance(v, dict) else merge_figures([v])
-            elif isinstance(v, bool) or v is None:
+            elif isinstance(v, bool) or v is None or k in SAME:
                 continue
             elif isinstance(v, (int, float)) and isinstance(out[k], (int, float)):
-                out[k] = out[k] + v
+                out[k] = max(out[k], v) if k.startswith(MAX_PREFIXES) else out[k] + v
             elif isinstance(v, dict) and isinstance(out[k], dict):
                 out[k] = merge_figures([out[k], v])
             elif isinstance(v, list) and isinstance(out[k], list):
                 out[k] = out[k] + v
+    if len(parts) > 1:
+        for k in [k for k in out if k.endswith("_share")]:
+            got = [(p[k], p.get("tokens") or 1) for p in parts if k in p and p[k] is not None]
+            total = sum(w for _, w in got) or 1
+            if all(isinstance(v, dict) for v, _ in got):
+                names = list(dict.fromkeys(n for v, _ in got for n in v))
+                out[k] = {n: round(sum(v.get(n, 0) * w for v, w in got) / total, 4) for n in names}
+            elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v, _ in got):
+                out[k] = round(sum(v * w for v, w in got) / total, 4)
+        for k, (num, den, digits) in RATIOS.items():
+            if k not in out or not isinstance(out.get(num), (int, float)):
+                continue
+            if den is None:  # a throughput: MB over the summed compute seconds
+                secs = out.get("wall_seconds") or 0
+                out[k] = round(out[num] / 1e6 / secs, digits) if secs else None
+            else:
+                d = out.get(den) or 0
+                out[k] = round(out[num] / d, digits) if d else 0.0
     if "agreement_rate" in out and isinstance(out.get("agreement"), dict):
         a, n = out["agreement"], out.get("compared") or 0
         out["agreement_rate"] = round((a.get("agree", 0) + a.get("same_class", 0)) / n, 4) if n else None

@@ -244,14 +244,16 @@ class DataRoot:
             return pq.ParquetFile(self.path(key))
         return pq.ParquetFile(self.fs.open(self.path(key), "rb"))
 
-    def read_table(self, key: str, columns: list[str] | None = None) -> pa.Table:
-        """The parquet table under ``key`` (only ``columns`` when given)."""
+    def read_table(self, key: str, columns: list[str] | None = None, filters=None) -> pa.Table:
+        """The parquet table under ``key`` (only ``columns`` when given; only the rows
+        matching ``filters``, a pyarrow compute expression, when given — applied while
+        reading, so memory follows the matching rows, not the file)."""
         if not self.exists(key):
             raise self._missing(key)
         if self.is_local:
-            return pq.read_table(self.path(key), columns=columns)
+            return pq.read_table(self.path(key), columns=columns, filters=filters)
         with self.fs.open(self.path(key), "rb") as f:
-            return pq.read_table(f, columns=columns)
+            return pq.read_table(f, columns=columns, filters=filters)
 
     def read_schema(self, key: str) -> pa.Schema:
         """The arrow schema of the parquet file under ``key`` (with its ``megacpp.*`` metadata)."""

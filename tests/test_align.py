@@ -12,7 +12,6 @@ from megacpp_checks.schemas import documents as schema
 from megacpp_core import chunk, pack, tokenize
 from megacpp_core import tokenizer as tk
 from megacpp_core.layout import SnapshotLayout
-from megacpp_core.tables import read_parquet
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +22,8 @@ def snap(tiny_run):
     table, lengths = tokenize.byte_table(tok)
     return {
         "layout": layout, "tok": tok, "table": table, "lengths": lengths,
-        "chunks": read_parquet(layout.stage_dir("documents") / "chunks.parquet"),
-        "tokenized": read_parquet(layout.stage_dir("tokenized") / "documents.parquet"),
+        "chunks": layout.documents("chunks"),
+        "tokenized": layout.documents("tokenized"),
     }
 
 

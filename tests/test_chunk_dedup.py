@@ -47,7 +47,7 @@ def test_identical_chunks_of_every_kind_only_whitelisted_dropped():
 def test_real_chunks_duplicated_never_lose_a_non_whitelisted_chunk(tiny_run):
     root, _ = tiny_run
     layout = SnapshotLayout(root, "tiny")
-    docs = read_parquet(layout.stage_dir("documents") / "chunks.parquet")
+    docs = layout.documents("chunks")
     kinds = docs.column("kind").to_pylist()
     assert set(kinds) - WHITELIST, "the tiny snapshot has non-whitelisted chunks"
     twice = pa.concat_tables([docs, docs.set_column(0, "doc_key", pa.array([k + "~copy" for k in docs.column("doc_key").to_pylist()]))])

@@ -32,13 +32,13 @@ def _rows(layout):
 
 def test_dagster_recorded_every_asset_and_check(tiny_run):
     root, instance = tiny_run
-    for key in ["source_files", "quality_files", "license_files", "scrubbed_files"]:
+    for key in ["source_files", "quality_files", "license_files", "scrubbed_files", "chunked_documents",
+                "tokenized_documents"]:
         mats = instance.fetch_materializations(AssetKey(key), limit=10).records
         parts = {m.event_log_entry.dagster_event.partition for m in mats}
         revisions = {"tiny/pybind11-3.1.0", "tiny/lz4-4.4.5", "tiny/xxhash-4.1.0"}
         assert parts == (revisions if key == "source_files" else {f"{r}|000" for r in revisions}), key
-    for key in ["dedup_decisions", "tokenizer", "chunked_documents", "chunk_dedup", "tokenized_documents",
-                "packed_rows", "megatron_dataset", "dataset_card"]:
+    for key in ["dedup_decisions", "tokenizer", "chunk_dedup", "packed_rows", "megatron_dataset", "dataset_card"]:
         mats = instance.fetch_materializations(AssetKey(key), limit=1).records
         assert mats and mats[0].event_log_entry.dagster_event.partition == "tiny", key
     def metadata(asset):

@@ -110,12 +110,11 @@ def test_document_too_long_for_the_markers_is_left_whole(monkeypatch):
 
 def test_real_tokenizer_byte_table_adds_up(tiny_run):
     from megacpp_core.layout import SnapshotLayout
-    from megacpp_core.tables import read_parquet
 
     root, _ = tiny_run
     lay = SnapshotLayout(root, "tiny")
     tok = tk.load_tokenizer(lay.stage_dir("tokenizer") / "tokenizer.json")
     table = fim.token_byte_table(tok)
-    docs = read_parquet(lay.stage_dir("tokenized") / "documents.parquet", columns=["text", "input_ids"]).to_pylist()
+    docs = lay.documents("tokenized", columns=["text", "input_ids"]).select(["text", "input_ids"]).to_pylist()
     for d in docs[:50]:
         assert b"".join(table[i] for i in d["input_ids"][1:]) == d["text"].encode()

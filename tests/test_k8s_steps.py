@@ -164,11 +164,11 @@ def test_later_steps_read_what_the_pods_wrote(cluster, tiny_run):
     c, instance, home, url = cluster
     root = DataRoot(url)
     rels = ["dedup/lsh_bands_00_07.parquet", "dedup/lsh_bands_07_14.parquet",
-            "dedup/decisions.parquet", "documents/chunks.parquet", "documents/deduped.parquet"]
+            "dedup/decisions.parquet", "documents/chunk_drops.parquet"]
     for rel in rels:
         root.delete(f"snapshots/tiny/{rel}")
     before = set(c.jobs)
-    steps = ["lsh_bands_00_07", "lsh_bands_07_14", "dedup_decisions", "chunked_documents", "chunk_dedup"]
+    steps = ["lsh_bands_00_07", "lsh_bands_07_14", "dedup_decisions", "chunk_dedup"]
     run_id = _launch(home, "snapshot_job", "tiny", *steps)
     _wait_run(instance, run_id, c)
     new = {n: c.jobs[n] for n in set(c.jobs) - before}
@@ -177,5 +177,5 @@ def test_later_steps_read_what_the_pods_wrote(cluster, tiny_run):
     assert ops == sorted(steps)  # one pod per step
     for rel in rels:
         assert root.sha256(f"snapshots/tiny/{rel}") == _local_hash(tiny_run, rel), rel
-    figures = json.loads(root.read_text("snapshots/tiny/figures/chunk.json"))
-    assert figures["documents"] > 0 and figures["enrichment"] is True
+    figures = json.loads(root.read_text("snapshots/tiny/figures/chunk_dedup.json"))
+    assert figures["chunks_in"] > 0 and figures["shards_in"] == 3  # the chunk shards, read from the object store

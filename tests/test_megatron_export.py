@@ -88,8 +88,7 @@ def test_pipeline_row_level_format_on_tiny(tiny_run, tmp_path):
 
     root, _ = tiny_run
     src, copy = SnapshotLayout(root, "tiny"), SnapshotLayout(tmp_path, "tiny")
-    for sub in ("tokenized", "tokenizer", "figures", "packed"):
-        shutil.copytree(src.root / sub, copy.root / sub)
+    shutil.copytree(src.root, copy.root)  # the snapshot: its tokenized shards, chunk drops, tokenizer, packed rows
     m = load_manifest("tiny")
     m = dataclasses.replace(m, settings=dataclasses.replace(m.settings, megatron_export="row"))
     res = stages.run("format", copy.data_root, m)

@@ -223,8 +223,7 @@ def test_pack_and_format_refuse_a_tokenizer_mismatch(tiny_run, tmp_path):
     root, _ = tiny_run
     src = SnapshotLayout(root, "tiny")
     copy = SnapshotLayout(tmp_path, "tiny")
-    for sub in ("tokenized", "tokenizer", "figures", "packed"):
-        shutil.copytree(src.root / sub, copy.root / sub)
+    shutil.copytree(src.root, copy.root)  # the snapshot: its tokenized shards, chunk drops, tokenizer, packed rows
     manifest = load_manifest("tiny")
     sentinel = json.loads((copy.stage_dir("packed") / pack.SUCCESS).read_text())
     sentinel["tokenizer_sha256"] = "1" * 64
@@ -234,7 +233,7 @@ def test_pack_and_format_refuse_a_tokenizer_mismatch(tiny_run, tmp_path):
     from megacpp_assets.cli import main
 
     assert main(["verify", str(copy.stage_dir("packed"))]) == 1
-    docs = copy.stage_dir("tokenized") / "documents.parquet"
+    docs = copy.shard("lz4-4.4.5") / "tokenized.parquet"
     table = pq.read_table(docs)  # documents tokenized with another tokenizer (their lineage key says so)
     pq.write_table(table.replace_schema_metadata({b"megacpp.tokenizer_sha256": b"0" * 64}), docs)
     with pytest.raises(pack.TokenizerMismatchError, match="0{64}.*snapshot tokenizer"):

@@ -55,11 +55,12 @@ def test_sigkill_inside_each_kind_of_stage_then_rerun(tiny_run, tmp_path):
     assert not (snap / "revisions/lz4-4.4.5/shards/000/scrubbed.parquet").exists()
     assert list((snap / "revisions/lz4-4.4.5/shards/000").glob("scrubbed.parquet.tmp-*"))  # the half-committed file
     assert (snap / "revisions/pybind11-3.1.0/shards/000/scrubbed.parquet").exists() and not (snap / "dedup").exists()
-    # per snapshot: the chunk stage
-    r = _cli(root, home, fault="documents/chunks.parquet")
+    # second pass: the chunk stage on lz4's shard (after the snapshot's dedup and tokenizer)
+    r = _cli(root, home, fault="revisions/lz4-4.4.5/shards/000/chunks.parquet")
     assert r.returncode == -9, r.stderr[-2000:]
     assert "(current; skipped)" in r.stdout  # pybind11 was not redone
-    assert (snap / "tokenizer/tokenizer.json").exists() and not (snap / "documents/chunks.parquet").exists()
+    assert (snap / "tokenizer/tokenizer.json").exists() and not (snap / "revisions/lz4-4.4.5/shards/000/chunks.parquet").exists()
+    assert (snap / "revisions/pybind11-3.1.0/shards/000/chunks.parquet").exists()
     assert not list((snap / "revisions/lz4-4.4.5").rglob("*.tmp-*"))  # the rerun of scrub cleaned its leftover
     # the packed shards: the train shard committed, validation and _SUCCESS not
     r = _cli(root, home, fault="packed/validation-00000.parquet")

@@ -128,7 +128,7 @@ def test_lane_edges_replace_tree_sitter_edges(semtest):
     chunk_figs = layout.read_figures("chunk")
     assert chunk_figs["semantic_covered_files"] == len(lane) > 0
     assert chunk_figs["semantic_graph"] is True and chunk_figs["documents_with_semantic_edges"] > 0
-    docs = read_parquet(layout.stage_dir("documents") / "chunks.parquet").to_pydict()
+    docs = layout.documents("chunks").to_pydict()
     kept = layout.kept_files().to_pydict()
     text_of = dict(zip(kept["doc_key"], zip(kept["text"], kept["language"])))
     compared = with_edges = 0

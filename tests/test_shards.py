@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from megacpp_core import sharding
+from megacpp_core.layout import SnapshotLayout
 from megacpp_core.stage import Partition, Partitioning
 
 from .conftest import environ, make_data_root
@@ -161,7 +162,9 @@ def test_many_shards_split_every_revision_deterministically(tiny_run, many_shard
                            ("quality_kept.parquet", ["doc_key", "text"]),
                            ("license.parquet", ["doc_key", "spdx_expression", "decision", "origin"]),
                            ("scrubbed.parquet", ["doc_key", "content_sha256", "text"]),
-                           ("minhash.parquet", ["doc_key", "signature"])):
+                           ("minhash.parquet", ["doc_key", "signature"]),
+                           ("chunks.parquet", ["doc_key", "kind", "text", "n_text_tokens"]),
+                           ("tokenized.parquet", ["doc_key", "input_ids"])):
             assert _union(many, source, name, cols).equals(_union(one, source, name, cols)), (source, name)
 
 
@@ -174,7 +177,7 @@ def test_many_shards_give_the_same_documents_and_byte_identical_rows(tiny_run, m
     d1 = pq.read_table(snap1 / "dedup" / "decisions.parquet")
     dn = pq.read_table(snapn / "dedup" / "decisions.parquet")
     assert dn.equals(d1)
-    docs = lambda s: pq.read_table(s / "tokenized" / "documents.parquet", columns=["doc_key"]).column("doc_key").to_pylist()
+    docs = lambda s: SnapshotLayout(s.parent.parent, "tiny").documents("tokenized", ["doc_key"]).column("doc_key").to_pylist()
     assert docs(snapn) == docs(snap1) and len(docs(snap1)) > 100
     assert (snapn / "tokenizer" / "tokenizer.json").read_bytes() == (snap1 / "tokenizer" / "tokenizer.json").read_bytes()
     shards = sorted(p.name for p in (snap1 / "packed").glob("*.parquet"))

@@ -85,9 +85,14 @@ def test_adding_one_source_materializes_only_that_revision(tiny_run_b, tmp_path)
     new_rev = _runs(instance, "revision_job")[: len(_runs(instance, "revision_job")) - before_rev]
     # the revision's own assets (before and after its shards: the libclang lane) and its one shard
     assert {r.tags["dagster/partition"] for r in new_rev} == {"tiny/extra-ring"}
+    # pass 1 (quality … minhash) runs on the new revision's shard only; pass 2 (chunk,
+    # tokenize) on every shard, since the snapshot tokenizer is retrained with the new files
     new_shard = _runs(instance, "shard_job")[: len(_runs(instance, "shard_job")) - before_shard]
-    assert [r.tags["dagster/partition"] for r in new_shard] == ["tiny/extra-ring|000"]
-    assert len(_runs(instance, "snapshot_job")) == before_snap + 1
+    pass1 = {AssetKey(a) for a in ("quality_files", "license_files", "scrubbed_files", "minhash_signatures")}
+    assert [r.tags["dagster/partition"] for r in new_shard if r.asset_selection & pass1] == ["tiny/extra-ring|000"]
+    assert {r.tags["dagster/partition"] for r in new_shard} == {f"{k}|000" for k in instance.get_dynamic_partitions("repo_revision")
+                                                                if k.startswith("tiny/")}
+    assert len(_runs(instance, "snapshot_job")) == before_snap + 2  # the snapshot steps of both passes
     for k, sid in old_ids.items():  # old revisions untouched
         assert instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("scrubbed_files"), asset_partitions=[k]),
                                                limit=1).records[0].storage_id == sid

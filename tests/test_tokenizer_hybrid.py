@@ -219,11 +219,11 @@ def test_tokenize_stage_refuses_tampered_tokenizer(tiny_layout, tmp_path):
     info = json.loads((tdir / T.MANIFEST_FILE).read_text())
     (tdir / T.MANIFEST_FILE).write_text(json.dumps({**info, "vocab_size": 65536}))
     with pytest.raises(stages.StageError, match="vocab size"):
-        stages.run("tokenize", lay.data_root, manifest)
+        stages.run("tokenize", lay.data_root, manifest, "lz4-4.4.5")
     (tdir / T.MANIFEST_FILE).write_text(json.dumps(info))
     (tdir / T.TOKENIZER_FILE).write_text((tdir / T.TOKENIZER_FILE).read_text() + " ")
     with pytest.raises(T.TokenizerMismatchError, match="does not match"):
-        stages.run("tokenize", lay.data_root, manifest)
+        stages.run("tokenize", lay.data_root, manifest, "lz4-4.4.5")
 
 
 def test_tokenizer_stage_uses_pinned_file(tiny_layout, tmp_path):

@@ -117,8 +117,8 @@ def document_facts(table: pa_arrow.Table) -> pd.DataFrame:
     start = table.column("start").to_numpy().astype(np.int64)
     end = table.column("end").to_numpy().astype(np.int64)
     facts = pd.DataFrame({
-        "doc_key": table.column("doc_key").to_pylist(),
-        "kind": table.column("kind").to_pylist(),
+        "doc_key": pd.Series(table.column("doc_key").to_pylist(), dtype=str),  # typed even when empty
+        "kind": pd.Series(table.column("kind").to_pylist(), dtype=str),
         "n_text_tokens": table.column("n_text_tokens").to_numpy().astype(np.int64),
         "bucket": table.column("bucket").to_numpy().astype(np.int64),
         "span_is_text": (end - start) == text_len,
@@ -162,7 +162,7 @@ def tokenized_facts(table: pa_arrow.Table, bos_id: int) -> pd.DataFrame:
     ids = table.column("input_ids").combine_chunks()
     rows, n_ids = _rows_of(ids)
     facts = pd.DataFrame({
-        "doc_key": table.column("doc_key").to_pylist(),
+        "doc_key": pd.Series(table.column("doc_key").to_pylist(), dtype=str),  # typed even when empty
         "n_tokens": table.column("n_tokens").to_numpy().astype(np.int64),
         "n_ids": n_ids,
         "bos_first": (pc.list_element(ids, 0).to_numpy(zero_copy_only=False) == bos_id) if len(ids) else np.zeros(0, bool),

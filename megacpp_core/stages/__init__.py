@@ -9,7 +9,9 @@ their data flows only through the datasets of :mod:`megacpp_core.catalog`.
 
 from __future__ import annotations
 
-from ..stage import Stage, StageError  # noqa: F401  (StageError: what a failed-closed stage raises)
+import dataclasses
+
+from ..stage import Partitioning, Stage, StageError  # noqa: F401  (StageError: what a failed-closed stage raises)
 from . import (acquire, chunk, chunk_dedup, compile_commands, dedup, format, license, lsh_bands, minhash, pack,
                quality, scrub, semantic_graph, tokenize, tokenizer)
 
@@ -52,6 +54,52 @@ def producers(stages: tuple[Stage, ...] = STAGES) -> dict[str, Stage]:
             if d.name in out:
                 raise ValueError(f"dataset {d.name} is written by {out[d.name].name} and {s.name}")
             out[d.name] = s
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One pass of a snapshot run: per revision, its ``early`` per-revision stages, then its
+    ``shard`` stages on every shard, then its ``late`` per-revision stages (those reading a
+    shard dataset of this pass: the libclang lane); then the ``snapshot`` stages."""
+
+    early: tuple[Stage, ...]
+    shard: tuple[Stage, ...]
+    late: tuple[Stage, ...]
+    snapshot: tuple[Stage, ...]
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        return self.early + self.shard + self.late + self.snapshot
+
+
+def phases(stages: tuple[Stage, ...] = STAGES) -> list[Phase]:
+    """The passes a whole-snapshot run makes over ``stages`` (registry order, which is
+    topological): a per-revision or per-shard stage that reads a snapshot dataset starts a
+    new pass (the chunk shards wait for the dedup decisions and the tokenizer); anything
+    else joins the pass of its latest input. Raises ``ValueError`` like :func:`producers`."""
+    prod = producers(stages)
+    index: dict[str, int] = {}
+    for s in stages:
+        p = 0
+        for d in s.inputs:
+            up = prod[d.name]
+            p = max(p, index[up.name] + (up.partitioning is Partitioning.SNAPSHOT and s.partitioning is not Partitioning.SNAPSHOT))
+        index[s.name] = p
+    out = []
+    for n in range(max(index.values(), default=-1) + 1):
+        mine = [s for s in stages if index[s.name] == n]
+        late: set[str] = set()
+        for s in mine:
+            if s.partitioning is Partitioning.REVISION and any(
+                    index[prod[d.name].name] == n and (prod[d.name].partitioning is Partitioning.REVISION_SHARD
+                                                       or prod[d.name].name in late) for d in s.inputs):
+                late.add(s.name)
+        out.append(Phase(
+            early=tuple(s for s in mine if s.partitioning is Partitioning.REVISION and s.name not in late),
+            shard=tuple(s for s in mine if s.partitioning is Partitioning.REVISION_SHARD),
+            late=tuple(s for s in mine if s.name in late),
+            snapshot=tuple(s for s in mine if s.partitioning is Partitioning.SNAPSHOT)))
     return out
 
 

@@ -1,9 +1,10 @@
 """Stage 6 — chunk and enrich (SPEC §4 "Chunking", "Enrichment").
 
-Per snapshot. Inputs: the kept files (the scrubbed shards filtered by the dedup
-``decisions``, in keep order, :mod:`megacpp_core.kept`), the snapshot ``tokenizer`` (exact budgets) and, when
-the libclang lane is on, every revision's ``semantic_edges`` and ``build_info``. Output:
-``chunks`` — documents split at declaration boundaries under ``row_length - 1`` tokens (one
+Per revision × shard. Inputs: the shard's kept files (its scrubbed rows the snapshot's
+dedup ``decisions`` keep, in keep order, :func:`megacpp_core.kept.shard_kept`), the
+snapshot ``tokenizer`` (exact budgets) and, when the libclang lane is on, the revision's
+``semantic_edges`` and ``build_info``. Memory follows the shard (``shard_bytes``), not the
+snapshot. Output: the shard's ``chunks`` — documents split at declaration boundaries under ``row_length - 1`` tokens (one
 slot is the BOS), each with its bucket and, unless ``settings.enrichment`` is off, the
 character-level enrichment: structure and AST planes, chunk list, call/type edges,
 platform labels. Files whose tree has ERROR nodes are cut by the brace-balanced splitter
@@ -51,8 +52,8 @@ TOKENIZER_KEY = b"megacpp.tokenizer_sha256"
 
 
 def semantic_unit_edges(ctx) -> tuple[dict[str, dict[str, set]], dict]:
-    """The libclang lane's intra-file edges: ``{doc_key of a covered file: {"call": {(unit,
-    unit)}, "type": {...}}}`` and figures. A file is covered when it is a translation unit
+    """The libclang lane's intra-file edges of this partition's revision: ``{doc_key of a
+    covered file: {"call": {(unit, unit)}, "type": {...}}}`` and figures. A file is covered when it is a translation unit
     libclang parsed without a fatal error (status ``ok`` or ``errors``); its tree-sitter
     edges are replaced by these. Raises :class:`StageError` naming the source when the lane
     is on but a revision has no lane output."""
@@ -79,7 +80,7 @@ def compute(ctx) -> Result:
     s = ctx.settings
     budget = s.row_length - 1
     enriching = s.enrichment
-    kept = kept_files.kept_table(ctx.inputs("scrubbed"), ctx.input("decisions").read(columns=["doc_key", "keep"]))
+    kept = kept_files.shard_kept(ctx.input("scrubbed"), ctx.input("decisions"))
     d = kept.to_pydict()
     schema = DOCUMENTS_SCHEMA
     if enriching:
@@ -140,6 +141,8 @@ def compute(ctx) -> Result:
                     cols[f"char_{name}"].append(plane)
                 enrich_seconds += time.perf_counter() - te
     table = pa.table(cols, schema=schema).replace_schema_metadata({TOKENIZER_KEY: info["sha256"].encode()})
+    if lane_edges:  # the covered files of this shard (the lane covers the whole revision)
+        lane_figs["semantic_covered_files"] = sum(1 for k in d["doc_key"] if k in lane_edges)
     n_tokens = np.asarray(cols["n_text_tokens"], dtype=np.int64)
     buckets = np.asarray(cols["bucket"], dtype=np.int64)
     over_bucket = int(np.sum(n_tokens + 1 > buckets))
@@ -173,7 +176,7 @@ def budgets_hold(g):
 
 
 STAGE = Stage(
-    name="chunk", asset="chunked_documents", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
+    name="chunk", asset="chunked_documents", partitioning=Partitioning.REVISION_SHARD, compute=compute, code_version="2",
     description="Stage 6: tree-sitter split at declaration boundaries under an exact token budget (brace-balanced "
                 "fallback for files with ERROR nodes), buckets, and enrichment: structure/AST planes, chunk graph, "
                 "platform labels; the libclang lane's edges replace tree-sitter's for the files it covers.",

@@ -1,21 +1,39 @@
 """Stage 7 — chunk-level dedup (SPEC §4 "Dedup").
 
-Per snapshot. Input: ``chunks``. Outputs: ``deduped`` (the documents left, in keep order)
-and ``chunk_drops`` (each dropped chunk with its kept twin). Only FUNC_BODY, CLASS_DECL,
-TYPEDEF and NAMESPACE chunks may be dropped (:mod:`megacpp_core.chunk_dedup`).
+Per snapshot, on hashes only. Input: every shard's ``chunks``, read shard by shard in
+record batches; only the whitelisted chunks' ``kind`` and normalized-text hash are kept
+(:func:`megacpp_core.chunk_dedup.chunk_hashes`), never their texts. Output:
+``chunk_drops`` — each dropped chunk with its kept twin, the first of its hash in snapshot
+keep order (:func:`megacpp_core.kept.document_order`), so the decision does not depend on
+the number of shards. The pack and format stages leave the drops out. Only FUNC_BODY,
+CLASS_DECL, TYPEDEF and NAMESPACE chunks may be dropped.
 """
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from .. import catalog, chunk_dedup
+from .. import kept as kept_files
 from ..stage import Partitioning, Result, Stage
+
+#: Columns read from each chunks shard (the text only to hash it, one batch at a time).
+COLUMNS = ["doc_key", "kind", "text", "license_class", "source", "path", "chunk_index"]
+BATCH_ROWS = 4096
 
 
 def compute(ctx) -> Result:
-    docs = ctx.input("chunks").read()
-    kept, drops, figures = chunk_dedup.dedup_chunks(docs)
-    kept = kept.replace_schema_metadata(docs.schema.metadata)  # keeps the tokenizer lineage key
-    return Result({"deduped": kept, "chunk_drops": drops}, figures)
+    parts, chunks_in = [], 0
+    for ref in ctx.inputs("chunks"):
+        for batch in ref.parquet_file().iter_batches(batch_size=BATCH_ROWS, columns=COLUMNS):
+            chunks_in += batch.num_rows
+            parts.append(chunk_dedup.chunk_hashes(pa.Table.from_batches([batch])))
+    order = {s.name: i for i, s in enumerate(ctx.sources)}
+    hashes = kept_files.document_order(pa.concat_tables(parts), order) if parts else None
+    drops, by_kind = chunk_dedup.drops_from_hashes(hashes) if hashes is not None else (chunk_dedup.DROPS_SCHEMA.empty_table(), {})
+    figures = {"chunks_in": chunks_in, "chunks_out": chunks_in - drops.num_rows, "dropped": by_kind,
+               "whitelisted_chunks": 0 if hashes is None else hashes.num_rows, "shards_in": len(ctx.inputs("chunks"))}
+    return Result({"chunk_drops": drops}, figures)
 
 
 def only_whitelisted_kinds_dropped(g):
@@ -26,8 +44,9 @@ def only_whitelisted_kinds_dropped(g):
 
 
 STAGE = Stage(
-    name="chunk_dedup", asset="chunk_dedup", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
-    description="Stage 7: exact dedup of FUNC_BODY, CLASS_DECL, TYPEDEF and NAMESPACE chunks only.",
-    inputs=(catalog.CHUNKS,), outputs=(catalog.DEDUPED, catalog.CHUNK_DROPS), gates=(only_whitelisted_kinds_dropped,),
-    figures=("chunks_in", "chunks_out", "dropped"),
+    name="chunk_dedup", asset="chunk_dedup", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="2",
+    description="Stage 7: exact dedup of FUNC_BODY, CLASS_DECL, TYPEDEF and NAMESPACE chunks only, decided on "
+                "normalized-text hashes streamed from the chunk shards.",
+    inputs=(catalog.CHUNKS,), outputs=(catalog.CHUNK_DROPS,), gates=(only_whitelisted_kinds_dropped,),
+    figures=("chunks_in", "chunks_out", "dropped", "whitelisted_chunks", "shards_in"),
 )

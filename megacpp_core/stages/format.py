@@ -1,6 +1,7 @@
 """Stage 10 — the Megatron ``.bin/.idx`` export and its verify gate (SPEC §7).
 
-Per snapshot. Inputs: ``tokenized`` documents (document-level export), ``packed`` rows
+Per snapshot. Inputs: every shard's ``tokenized`` documents but the ``chunk_drops``
+(document-level export, :func:`megacpp_core.pack_inputs.read_tokenized`), ``packed`` rows
 (row-level export; its ``_SUCCESS`` must name the snapshot tokenizer) and the snapshot
 ``tokenizer``. Output: ``megatron`` — ``SNAPSHOT_text_document.bin/.idx`` (int32 ids via
 megatron-core's ``IndexedDatasetBuilder``, or the byte-identical raw writer), the
@@ -44,9 +45,8 @@ def compute(ctx) -> Result:
     sentinel = packed.sentinel()
     pack.check_tokenizer(sentinel, info["sha256"], info["vocab_size"], packed.uri)
     if level == "document":
-        ref = ctx.input("tokenized")
-        columns, _ = pack_inputs.columns_to_read(ref.schema().names)
-        inputs, _, _, raw = pack_inputs.packed_documents(ref.read(columns=columns), ctx.settings, tok, info["sha256"])
+        docs = pack_inputs.read_tokenized(ctx, info["sha256"])
+        inputs, _, _, raw = pack_inputs.packed_documents(docs, ctx.settings, tok, info["sha256"])
         seqs = [d.ids for d in inputs]
         keys = [d.doc_key for d in inputs]
         texts = [t if len(q) == len(raw_ids) else tk.decode(tok, q[1:])
@@ -94,10 +94,10 @@ def verify_gate(g):
 
 
 STAGE = Stage(
-    name="format", asset="megatron_dataset", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="2",
+    name="format", asset="megatron_dataset", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="3",
     kinds=("megatron",),
     description="Stage 10: Megatron .bin/.idx (int32 ids) and the verify gate.",
-    inputs=(catalog.TOKENIZED, catalog.PACKED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),
+    inputs=(catalog.TOKENIZED, catalog.CHUNK_DROPS, catalog.PACKED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),
     outputs=(catalog.MEGATRON,), settings=SETTINGS, gates=(verify_gate,),
     figures=("sequences", "documents", "tokens", "dtype", "backend", "bin_sha256", "idx_sha256", "prefix", "export_level",
              "verify_ok", "verify_failures", "first_tokens", "tokenizer_sha256", "vocab_size"),

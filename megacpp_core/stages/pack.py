@@ -1,6 +1,8 @@
 """Stage 9 — FIM and best-fit-decreasing packing into fixed-length rows (SPEC §6).
 
-Per snapshot. Inputs: ``tokenized`` documents and the snapshot ``tokenizer``. Output:
+Per snapshot. Inputs: every shard's ``tokenized`` documents but the ``chunk_drops``, in
+snapshot keep order (:func:`megacpp_core.pack_inputs.read_tokenized`), and the snapshot
+``tokenizer``. Output:
 ``packed`` — parquet shards (``train-*``, ``validation-*``, 1,024-row row groups) and the
 ``_SUCCESS`` sentinel, committed last. Refuses documents tokenized with another tokenizer
 (:class:`~megacpp_core.pack.TokenizerMismatchError`); the producer asserts the row
@@ -25,10 +27,8 @@ SETTINGS = ("row_length", "validation_fraction", "max_docs_per_shard", "fim_rate
 def compute(ctx) -> Result:
     tok, info = snapshot_tokenizer.load(ctx)
     s = ctx.settings
-    ref = ctx.input("tokenized")
-    pack.check_tokenizer({"tokenizer_sha256": ref.metadata().get("tokenizer_sha256")}, info["sha256"], None, ref.uri)
-    columns, _ = pack_inputs.columns_to_read(ref.schema().names)
-    inputs, optional, fim_figs, _ = pack_inputs.packed_documents(ref.read(columns=columns), s, tok, info["sha256"])
+    docs = pack_inputs.read_tokenized(ctx, info["sha256"])
+    inputs, optional, fim_figs, _ = pack_inputs.packed_documents(docs, s, tok, info["sha256"])
     t_pack = time.perf_counter()
     rows = pack.build_rows(inputs, s.row_length, tk.BOS_ID, tk.PAD_ID, optional=optional)
     pack_seconds = time.perf_counter() - t_pack
@@ -56,9 +56,9 @@ def row_contract(g):
 
 
 STAGE = Stage(
-    name="pack", asset="packed_rows", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
+    name="pack", asset="packed_rows", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="2",
     description="Stage 9: FIM and best-fit-decreasing packing into parquet shards with the _SUCCESS sentinel.",
-    inputs=(catalog.TOKENIZED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST), outputs=(catalog.PACKED,),
+    inputs=(catalog.TOKENIZED, catalog.CHUNK_DROPS, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST), outputs=(catalog.PACKED,),
     settings=SETTINGS, gates=(row_contract,),
     figures=("rows", "tokens", "docs", "loss_tokens", "padding_fraction", "row_length", "rows_lower_bound",
              "rows_over_lower_bound", "validation_rows", "files", "optional_columns", "packing_seconds",

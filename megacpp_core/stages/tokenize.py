@@ -1,7 +1,8 @@
 """Stage 8 — tokenize (SPEC §4, §6).
 
-Per snapshot. Inputs: ``deduped`` documents and the snapshot ``tokenizer``. Output:
-``tokenized`` — ``[BOS] + ids`` as uint32 per document with its exact round trip checked,
+Per revision × shard. Inputs: the shard's ``chunks`` and the snapshot ``tokenizer``.
+Output: the shard's ``tokenized`` documents (every chunk; the chunk-level dedup drops are
+left out by the pack and format stages, which read ``chunk_drops``) — ``[BOS] + ids`` as uint32 per document with its exact round trip checked,
 and the enrichment planes aligned token-for-token (fails closed on any misalignment).
 Refuses a tokenizer that is not the one the documents were chunked with, the manifest's
 pin or the manifest's vocabulary size (:mod:`megacpp_core.tokenize`).
@@ -23,7 +24,7 @@ TOKENIZER_KEY = b"megacpp.tokenizer_sha256"
 def compute(ctx) -> Result:
     tok, info = snapshot_tokenizer.load(ctx)
     s = ctx.settings
-    docs_ref = ctx.input("deduped")
+    docs_ref = ctx.input("chunks")
     try:
         tokenize.check_tokenizer(tok, info, vocab_size=s.vocab_size, pinned_sha256=(s.tokenizer or {}).get("sha256"),
                                  upstream_sha256=docs_ref.metadata().get("tokenizer_sha256"))
@@ -59,10 +60,10 @@ def bos_first_ids_in_vocab_round_trip(g):
 
 
 STAGE = Stage(
-    name="tokenize", asset="tokenized_documents", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
+    name="tokenize", asset="tokenized_documents", partitioning=Partitioning.REVISION_SHARD, compute=compute, code_version="2",
     description="Stage 8: BOS + uint32 ids per document, round trip checked; enrichment planes aligned "
                 "token-for-token (fails closed).",
-    inputs=(catalog.DEDUPED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST), outputs=(catalog.TOKENIZED,),
+    inputs=(catalog.CHUNKS, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST), outputs=(catalog.TOKENIZED,),
     settings=("vocab_size", "row_length", "tokenizer"), gates=(bos_first_ids_in_vocab_round_trip,),
     figures=("documents", "tokens", "text_bytes", "bytes_per_token", "max_document_tokens", "structure_token_share",
              "chunks_without_tokens", "token_chunks", "tokenizer_sha256", "vocab_size"),
