@@ -21,7 +21,7 @@ def test_definitions_load_and_graph_is_the_stage_chain():
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {s.asset for s in STAGES} | {"k8s_workers", "dataset_card"}
-    assert set(ORDER) | {"minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14", "compile_commands",
+    assert set(ORDER) | {"chunk_dedup", "minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14", "compile_commands",
                          "semantic_graph"} == {s.asset for s in STAGES}
     for up, down in zip(ORDER, ORDER[1:]):
         assert AssetKey(up) in graph.get(AssetKey(down)).parent_keys, (up, down)
