@@ -40,13 +40,14 @@ def _data_hashes(root) -> dict[str, str]:
 
 def test_a_new_code_version_reruns_that_stage_and_what_depends_on_it(fresh_tiny):
     root, instance, _ = fresh_tiny
-    bumped = tuple(dataclasses.replace(s, code_version="2") if s.name == "tokenize" else s for s in STAGES)
+    bumped = tuple(dataclasses.replace(s, code_version="next") if s.name == "chunk_dedup" else s for s in STAGES)
+    was = next(s.code_version for s in STAGES if s.name == "chunk_dedup")
     todo = plan(instance, bumped, DataRoot(root), load_manifest("tiny"), Partition("tiny"))
-    assert [(t.asset, t.reason) for t in todo][:2] == [("tokenized_documents", "code version 1 → 2"),
-                                                      ("packed_rows", "downstream of tokenized_documents")]
+    assert [(t.asset, t.reason) for t in todo][:2] == [("chunk_dedup", f"code version {was} → next"),
+                                                      ("packed_rows", "downstream of chunk_dedup")]
     before, data = _counts(instance), _data_hashes(root)
     assert run_snapshot("tiny", str(root), instance=instance, stages=bumped) == 0
-    assert _changed(before, _counts(instance)) == {"tokenized_documents": 1, "packed_rows": 1, "megatron_dataset": 1,
+    assert _changed(before, _counts(instance)) == {"chunk_dedup": 1, "packed_rows": 1, "megatron_dataset": 1,
                                                    "dataset_card": 1}
     assert _data_hashes(root) == data  # same code, same bytes
     before = _counts(instance)
