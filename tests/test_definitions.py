@@ -13,7 +13,7 @@ from megacpp_core.stage import Partitioning
 from megacpp_core.stages import STAGES
 
 ORDER = ["source_files", "quality_files", "license_files", "scrubbed_files", "dedup_decisions", "tokenizer",
-         "chunked_documents", "chunk_dedup", "tokenized_documents", "packed_rows", "megatron_dataset"]
+         "chunked_documents", "tokenized_documents", "packed_rows", "megatron_dataset"]
 
 
 def test_definitions_load_and_graph_is_the_stage_chain():
@@ -21,11 +21,14 @@ def test_definitions_load_and_graph_is_the_stage_chain():
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {s.asset for s in STAGES} | {"k8s_workers", "dataset_card"}
-    assert set(ORDER) | {"minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14", "compile_commands",
+    assert set(ORDER) | {"chunk_dedup", "minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14", "compile_commands",
                          "semantic_graph"} == {s.asset for s in STAGES}
     for up, down in zip(ORDER, ORDER[1:]):
         assert AssetKey(up) in graph.get(AssetKey(down)).parent_keys, (up, down)
     assert AssetKey("megatron_dataset") in graph.get(AssetKey("dataset_card")).parent_keys
+    # the chunk-level dedup decides on the chunk shards; pack and format leave its drops out
+    assert AssetKey("chunked_documents") in graph.get(AssetKey("chunk_dedup")).parent_keys
+    assert AssetKey("chunk_dedup") in graph.get(AssetKey("packed_rows")).parent_keys
 
 
 def test_every_dependency_is_a_declared_input():
