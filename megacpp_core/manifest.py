@@ -162,6 +162,9 @@ class Settings:
     row_length: int = 8192
     max_docs_per_shard: int = 50_000
     validation_fraction: float = 0.01
+    # streaming packing (SPEC §5): best-fit decreasing runs over consecutive documents in
+    # keep order, at most this many tokens at a time (16 Mi tokens: about 0.3 GB of rows)
+    pack_group_tokens: int = 16 * 1024 * 1024
     # FIM (SPEC §6; Bavarian et al. 2022: rate 0.5, joint PSM+SPM) and Megatron export (SPEC §7)
     fim_rate: float = 0.5
     fim_spm_share: float = 0.5

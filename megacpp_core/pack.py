@@ -32,7 +32,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -504,22 +504,26 @@ def plan_shards(rows: pa.Table, *, validation_fraction: float = 0.01, max_docs_p
     return files, n_val
 
 
-def sentinel_fields(rows: pa.Table, files: list[tuple[str, pa.Table, dict]], n_val: int, *, row_length: int,
-                    vocab_size: int, tokenizer_sha256: str, extra: dict | None = None) -> dict:
+def sentinel_fields(rows: pa.Table | int, files: list[tuple[str, Any, dict]], n_val: int, *, row_length: int,
+                    vocab_size: int, tokenizer_sha256: str, extra: dict | None = None,
+                    optional: Sequence[str] | None = None) -> dict:
     """The ``_SUCCESS`` sentinel of :func:`plan_shards` files, without the ``files`` list
     (counts, schema version, producer revision, tokenizer sha256, vocabulary size, row
-    length, optional columns, and ``extra``)."""
+    length, optional columns, and ``extra``). ``rows`` is the rows table, or its row
+    count with the ``optional`` columns it carries (streamed packing)."""
+    n_rows = rows if isinstance(rows, int) else rows.num_rows
+    names = list(optional or []) if isinstance(rows, int) else rows.column_names
     return {
         "schema_version": SCHEMA_VERSION,
         "producer_revision": PRODUCER_REVISION,
         "tokenizer_sha256": tokenizer_sha256,
         "vocab_size": vocab_size,
         "row_length": row_length,
-        "rows": rows.num_rows,
+        "rows": n_rows,
         "validation_rows": n_val,
         "docs": int(sum(f[2]["docs"] for f in files)),
         "tokens": int(sum(f[2]["tokens"] for f in files)),
-        "optional_columns": [c for c in OPTIONAL_COLUMNS if c in rows.column_names],
+        "optional_columns": [c for c in OPTIONAL_COLUMNS if c in names],
         **(extra or {}),
     }
 

@@ -23,20 +23,19 @@ def columns_to_read(names: list[str]) -> tuple[list[str], list[str]]:
     return BASE_COLUMNS + ["text"] + optional, optional
 
 
-def read_tokenized(ctx, tokenizer_sha256: str) -> pa.Table:
-    """The snapshot's tokenized documents for the pack and format stages: every
-    ``tokenized`` shard (each must name the snapshot tokenizer, else
-    :class:`~megacpp_core.pack.TokenizerMismatchError`) but the ``chunk_drops``, in
-    snapshot keep order (:func:`megacpp_core.kept.read_documents`) — the same table
-    whatever the number of shards. Holds the columns :func:`columns_to_read` names."""
-    from . import kept
-
+def tokenized_shards(ctx, tokenizer_sha256: str) -> list:
+    """Every ``tokenized`` shard input of the snapshot (manifest order, then shard keys);
+    each must name the snapshot tokenizer, else
+    :class:`~megacpp_core.pack.TokenizerMismatchError`."""
     refs = ctx.inputs("tokenized")
     for ref in refs:
         pack.check_tokenizer({"tokenizer_sha256": ref.metadata().get("tokenizer_sha256")}, tokenizer_sha256, None, ref.uri)
-    columns, _ = columns_to_read(refs[0].schema().names)
-    drops = ctx.input("chunk_drops").read(columns=["doc_key"]).column("doc_key").combine_chunks()
-    return kept.read_documents(refs, {s.name: i for i, s in enumerate(ctx.sources)}, columns, drops)
+    return refs
+
+
+def chunk_drops(ctx) -> pa.Array:
+    """The ``doc_key`` of every chunk the chunk-level dedup dropped (string array)."""
+    return ctx.input("chunk_drops").read(columns=["doc_key"]).column("doc_key").combine_chunks()
 
 
 def pack_inputs(docs: pa.Table, optional: list[str]) -> list[pack.PackInput]:

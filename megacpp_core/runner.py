@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import os
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -336,7 +337,10 @@ def _commit(root: DataRoot, d: Dataset, partition: Partition, value: Any) -> lis
             raise StageError(f"output {d.name}: expected Shards, got {type(value).__name__}")
         written, files = [], []
         for name, table, info in value.files:
-            w = root.write_table(f"{key}/{name}", table, row_group_size=value.row_group_size)
+            if isinstance(table, (str, os.PathLike)):  # a file the stage streamed to local scratch
+                w = root.put_file(table, f"{key}/{name}", move=True)
+            else:
+                w = root.write_table(f"{key}/{name}", table, row_group_size=value.row_group_size)
             written.append(w)
             files.append({**info, "file": name, "sha256": w.sha256})
         sentinel = {**value.sentinel, "files": files}

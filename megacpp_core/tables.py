@@ -37,6 +37,43 @@ def write_parquet_to(table: pa.Table, sink, row_group_size: int = ROW_GROUP_SIZE
             writer.add_key_value_metadata(lineage)
 
 
+class ParquetStream:
+    """A local parquet file written table by table with the settings of
+    :func:`write_parquet_to` (zstd 3, statistics, no arrow schema blob): each
+    :meth:`write` appends its rows as row groups of at most ``row_group_size``, so memory
+    follows one table, not the file. Written to ``path.tmp`` and renamed into place on a
+    clean :meth:`close` (context-manager exit); on an error the temporary file is removed.
+    The same tables in the same order always give the same bytes."""
+
+    def __init__(self, path: str | os.PathLike, schema: pa.Schema, row_group_size: int = ROW_GROUP_SIZE):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.path.with_name(self.path.name + ".tmp")
+        self._schema = schema.remove_metadata()
+        self._rows = row_group_size
+        self._writer = pq.ParquetWriter(self._tmp, self._schema, compression="zstd", compression_level=3,
+                                        write_statistics=True, store_schema=False)
+
+    def write(self, table: pa.Table) -> None:
+        """Append ``table`` (its schema must equal the stream's, metadata aside)."""
+        self._writer.write_table(table.replace_schema_metadata(None).cast(self._schema), row_group_size=self._rows)
+
+    def close(self) -> Path:
+        self._writer.close()
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def __enter__(self) -> "ParquetStream":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._writer.close()
+            self._tmp.unlink(missing_ok=True)
+
+
 def write_parquet(table: pa.Table, path: str | os.PathLike, row_group_size: int = ROW_GROUP_SIZE) -> Path:
     """Write ``table`` to the local ``path`` atomically and deterministically
     (:func:`write_parquet_to`; stages write through :mod:`megacpp_core.storage` instead).

@@ -1,7 +1,7 @@
 """Stage 10 — the Megatron ``.bin/.idx`` export and its verify gate (SPEC §7).
 
 Per snapshot. Inputs: every shard's ``tokenized`` documents but the ``chunk_drops``
-(document-level export, :func:`megacpp_core.pack_inputs.read_tokenized`), ``packed`` rows
+(document-level export, one part per shard), ``packed`` rows
 (row-level export; its ``_SUCCESS`` must name the snapshot tokenizer) and the snapshot
 ``tokenizer``. Output: ``megatron`` — ``SNAPSHOT_text_document.bin/.idx`` (int32 ids via
 megatron-core's ``IndexedDatasetBuilder``, or the byte-identical raw writer), the
@@ -10,9 +10,12 @@ documents parquet (the text of each sequence), ``tokenizer.json`` and the sideca
 scratch space (fail closed), then committed; the gate verifies the committed copy again.
 
 ``settings.megatron_export``: ``"document"`` (default) writes one sequence per document
-exactly as it enters the rows (after FIM, tokenized order); ``"row"`` writes every packed
-row (all L tokens, train then validation) as one sequence, for ``GPTDataset`` with
-``sequence_length = L`` and ``add_extra_token_to_sequence=False``.
+exactly as it enters the rows (after FIM): one ``.bin/.idx`` part per ``tokenized`` shard
+(memory is one shard), merged in shard order with megatron-core's
+``IndexedDatasetBuilder.add_index`` (or the raw writer's byte-identical equivalent) —
+the same sequences whatever the number of shards, in an order that follows the shards;
+``"row"`` writes every packed row (all L tokens, train then validation) as one sequence,
+for ``GPTDataset`` with ``sequence_length = L`` and ``add_extra_token_to_sequence=False``.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import pyarrow as pa
 
 from megacpp_checks import verify
 
-from .. import catalog, megatron, pack, pack_inputs, snapshot_tokenizer
+from .. import catalog, kept, megatron, megatron_merge, pack, pack_inputs, snapshot_tokenizer
 from .. import tokenizer as tk
 from ..stage import Files, Partitioning, Result, Stage, StageError
-from ..tables import sha256_file, write_parquet
+from ..tables import ParquetStream, sha256_file
 
 EXPORT_LEVELS = ("document", "row")
 SETTINGS = ("megatron_export", "row_length", "fim_rate", "fim_spm_share", "fim_seed", "fim_doc_comment_policy")
@@ -36,6 +39,51 @@ def prefix_name(snapshot: str) -> str:
     return f"{snapshot}_text_document"
 
 
+def _document_level(ctx, tok, info: dict, d, prefix, docs_out: ParquetStream) -> dict:
+    """One ``.bin/.idx`` part per ``tokenized`` shard (its documents but the chunk drops,
+    in keep order, after FIM — exactly the sequences that enter the rows), merged in shard
+    order (manifest order of the revisions, then shard keys) with megatron-core's
+    ``IndexedDatasetBuilder.add_index`` or the byte-identical raw writer
+    (:func:`megacpp_core.megatron_merge.merge_indexed_datasets`). Memory is one shard."""
+    refs = pack_inputs.tokenized_shards(ctx, info["sha256"])
+    drops = pack_inputs.chunk_drops(ctx)
+    order = {s.name: i for i, s in enumerate(ctx.sources)}
+    columns, _ = pack_inputs.columns_to_read(refs[0].schema().names)
+    parts = []
+    for j, ref in enumerate(refs):
+        docs = kept.read_documents([ref], order, columns, drops)
+        if not docs.num_rows:
+            continue
+        inputs, _, _, raw = pack_inputs.packed_documents(docs, ctx.settings, tok, info["sha256"])
+        seqs = [x.ids for x in inputs]
+        texts = [t if len(q) == len(raw_ids) else tk.decode(tok, q[1:])
+                 for t, q, raw_ids in zip(raw.column("text").to_pylist(), seqs, raw.column("input_ids").to_pylist())]
+        part = d / f"part-{j:05d}"
+        megatron.write_indexed_dataset(part, iter(seqs), info["vocab_size"])
+        parts.append(part)
+        docs_out.write(pa.table({"doc_key": [x.doc_key for x in inputs], "text": pa.array(texts, pa.large_string())}))
+    written = megatron_merge.merge_indexed_datasets(parts, prefix, info["vocab_size"])
+    for part in parts:
+        for ext in (".bin", ".idx"):
+            (part.parent / f"{part.name}{ext}").unlink()
+    written["parts"] = len(parts)
+    return written
+
+
+def _row_level(tok, info: dict, packed, sentinel: dict, d, prefix, docs_out: ParquetStream) -> dict:
+    """Every packed row (all L tokens, train then validation) as one sequence, one packed
+    file at a time."""
+    seqs, keys = [], []
+    for f in sentinel["files"]:
+        t = packed.read_member(f["file"], columns=["pack_id", "input_ids"])
+        seqs += [np.asarray(x, dtype=np.uint32) for x in t.column("input_ids").to_pylist()]
+        keys += [f"row-{p}" for p in t.column("pack_id").to_pylist()]
+    docs_out.write(pa.table({"doc_key": keys, "text": pa.array([tk.decode(tok, q[1:]) for q in seqs], pa.large_string())}))
+    written = megatron.write_indexed_dataset(prefix, iter(seqs), info["vocab_size"])
+    written["parts"] = 1
+    return written
+
+
 def compute(ctx) -> Result:
     tok, info = snapshot_tokenizer.load(ctx)
     level = ctx.settings.megatron_export
@@ -44,26 +92,16 @@ def compute(ctx) -> Result:
     packed = ctx.input("packed")
     sentinel = packed.sentinel()
     pack.check_tokenizer(sentinel, info["sha256"], info["vocab_size"], packed.uri)
-    if level == "document":
-        docs = pack_inputs.read_tokenized(ctx, info["sha256"])
-        inputs, _, _, raw = pack_inputs.packed_documents(docs, ctx.settings, tok, info["sha256"])
-        seqs = [d.ids for d in inputs]
-        keys = [d.doc_key for d in inputs]
-        texts = [t if len(q) == len(raw_ids) else tk.decode(tok, q[1:])
-                 for t, q, raw_ids in zip(raw.column("text").to_pylist(), seqs, raw.column("input_ids").to_pylist())]
-    else:
-        seqs, keys = [], []
-        for f in sentinel["files"]:
-            t = packed.read_member(f["file"], columns=["pack_id", "input_ids"])
-            seqs += [np.asarray(x, dtype=np.uint32) for x in t.column("input_ids").to_pylist()]
-            keys += [f"row-{p}" for p in t.column("pack_id").to_pylist()]
-        texts = [tk.decode(tok, q[1:]) for q in seqs]
     name = prefix_name(ctx.snapshot)
     d = ctx.workdir("megatron-")
     prefix = d / name
-    written = megatron.write_indexed_dataset(prefix, iter(seqs), info["vocab_size"])
     docs_file = d / f"{name}.documents.parquet"
-    write_parquet(pa.table({"doc_key": keys, "text": pa.array(texts, pa.large_string())}), docs_file)
+    docs_schema = pa.schema([("doc_key", pa.string()), ("text", pa.large_string())])
+    with ParquetStream(docs_file, docs_schema) as docs_out:
+        if level == "document":
+            written = _document_level(ctx, tok, info, d, prefix, docs_out)
+        else:
+            written = _row_level(tok, info, packed, sentinel, d, prefix, docs_out)
     tok_file = d / "tokenizer.json"
     tok_file.write_bytes(ctx.input("tokenizer").read_bytes())
     verify.write_sidecar(prefix, vocab_size=info["vocab_size"], tokenizer_path=tok_file, tokenizer_sha256=info["sha256"],
@@ -99,6 +137,6 @@ STAGE = Stage(
     description="Stage 10: Megatron .bin/.idx (int32 ids) and the verify gate.",
     inputs=(catalog.TOKENIZED, catalog.CHUNK_DROPS, catalog.PACKED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),
     outputs=(catalog.MEGATRON,), settings=SETTINGS, gates=(verify_gate,),
-    figures=("sequences", "documents", "tokens", "dtype", "backend", "bin_sha256", "idx_sha256", "prefix", "export_level",
+    figures=("sequences", "documents", "tokens", "dtype", "backend", "parts", "bin_sha256", "idx_sha256", "prefix", "export_level",
              "verify_ok", "verify_failures", "first_tokens", "tokenizer_sha256", "vocab_size"),
 )
