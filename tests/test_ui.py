@@ -175,3 +175,29 @@ def test_a_new_code_version_shows_unsynced_until_rerun(bumped_webserver, fresh_t
         expect(page.get_by_text("Unsynced")).to_have_count(0)
         page.screenshot(path=str(ARTIFACTS / "ui-synced.png"))
         browser.close()
+
+
+def test_revision_by_shard_grid_of_a_per_document_asset(bumped_webserver, fresh_tiny):
+    """A per-document asset shows the revision × shard grid: a revision column, a shard
+    column, every materialized cell, and one cell's figures (from its run)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+        page.goto(f"{bumped_webserver}/assets/tokenized_documents?view=partitions", wait_until="networkidle")
+        page.wait_for_timeout(1500)
+        if page.get_by_role("button", name="Skip").count():
+            page.get_by_role("button", name="Skip").click()
+        expect(page.get_by_placeholder("Filter by revision…")).to_be_visible()
+        expect(page.get_by_placeholder("Filter by shard…")).to_be_visible()
+        expect(page.get_by_text("Materialized (3)")).to_be_visible()  # tiny: three revisions of one shard each
+        page.get_by_text(PARTITION, exact=True).first.click()
+        page.get_by_text("000", exact=True).first.click()
+        row = page.locator("tr", has=page.get_by_text("documents", exact=True)).first
+        expect(row).to_contain_text("18")  # lz4 4.4.5's shard: 18 documents
+        page.screenshot(path=str(ARTIFACTS / "ui-shard-grid.png"))
+        browser.close()
