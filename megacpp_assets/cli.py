@@ -193,6 +193,8 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) ->
         if len(passes) > 1:
             print(f"pass {n}/{len(passes)}: {', '.join(s.name for s in ph.stages)}")
         early, shard, late = ([s.asset for s in x] for x in (ph.early, ph.shard, ph.late))
+        if late and all(s.enabled is not None and not getattr(manifest.settings, s.enabled) for s in ph.late):
+            early, late = early + late, []  # switched off, they read nothing: one run per revision fewer
         for i, source in enumerate(manifest.sources, 1):
             part = Partition(manifest.name, source.name)
             if early and not materialize(revision_job, part, early, f"[{i}/{len(keys)}] repo_revision"):

@@ -119,9 +119,12 @@ def current_data_version(instance, asset: str, partition: str) -> str | None:
 
 
 def inputs_fingerprint(instance, stage: Stage, partition_key: str, sources: list[str],
-                       producers: dict[str, Stage], root=None) -> str:
+                       producers: dict[str, Stage], root=None, enabled: bool = True) -> str:
     """Hex sha256 (16 chars) over the current data versions of every upstream partition
-    ``stage``'s partition reads (restricted to its snapshot)."""
+    ``stage``'s partition reads (restricted to its snapshot); ``"off"`` for a stage its
+    ``enabled`` setting switches off, which reads nothing."""
+    if not enabled:
+        return "off"
     lines = []
     for up in _upstream_stages(stage, producers):
         for p in upstream_partitions(stage, up, partition_key, sources, root):
@@ -191,7 +194,8 @@ def stage_asset(stage: Stage, producers: dict[str, Stage]):
         root, manifest, partition = context.resources.data_root.resolve(context.partition_key, stage.partitioning)
         tools = {name: getattr(context.resources, name).tool() for name in stage.tools}
         sources = [s.name for s in manifest.sources]
-        inputs = inputs_fingerprint(context.instance, stage, partition.key, sources, producers, root)
+        enabled = stage.enabled is None or bool(getattr(manifest.settings, stage.enabled))
+        inputs = inputs_fingerprint(context.instance, stage, partition.key, sources, producers, root, enabled)
         res = run_stage(stage, root, manifest, partition, tools=tools, log_fn=context.log.info)
         if any(d.scope is Partitioning.REVISION_SHARD for d in stage.outputs) and partition.shard is None:
             keys = register_shards(context.instance, root, partition.snapshot, partition.source)

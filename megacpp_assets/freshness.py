@@ -69,9 +69,9 @@ def stage_staleness(instance, stage: Stage, root: DataRoot, manifest: Manifest, 
     if tags.get(GATES_TAG) != "passed":
         return "a gate failed on the last materialization"
     sources = [s.name for s in manifest.sources]
-    if tags.get(INPUTS_TAG) != inputs_fingerprint(instance, stage, partition.key, sources, producers, root):
+    enabled = stage.enabled is None or bool(getattr(manifest.settings, stage.enabled))
+    if tags.get(INPUTS_TAG) != inputs_fingerprint(instance, stage, partition.key, sources, producers, root, enabled):
         return "upstream data changed"
-    enabled = stage.enabled is None or getattr(manifest.settings, stage.enabled)
     if enabled:
         for d in stage.outputs:
             if d.scope is Partitioning.REVISION_SHARD and partition.shard is None:  # acquire's shards
