@@ -168,9 +168,12 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) ->
     from megacpp_assets.factory import CARD_CODE_VERSION, register_shards
     from megacpp_core.stages import phases
 
-    def materialize(job, part, assets, label, say_skip=True) -> bool:
-        todo = assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, part)
+    def out_of_date(part, assets) -> list[str]:
+        return assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, part)
                                      if x.asset in assets]
+
+    def materialize(job, part, assets, label, say_skip=True, todo=None) -> bool:
+        todo = out_of_date(part, assets) if todo is None else todo
         if not todo:
             if say_skip:
                 print(f"{label} {part.key} (current; skipped)")
@@ -204,10 +207,11 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) ->
                 current = 0
                 for k in shards:
                     spart = Partition(manifest.name, source.name, k)
-                    if not rerun and not [x for x in freshness.plan(instance, stages, root, manifest, spart) if x.asset in shard]:
+                    todo = out_of_date(spart, shard)
+                    if not todo:
                         current += 1  # one summary line below, not one per shard
                         continue
-                    if not materialize(shard_job, spart, shard, f"[{i}/{len(keys)}]   shard {k} of {len(shards)}"):
+                    if not materialize(shard_job, spart, shard, f"[{i}/{len(keys)}]   shard {k} of {len(shards)}", todo=todo):
                         return 1
                 if current:
                     print(f"[{i}/{len(keys)}]   {manifest.name}/{source.name}: shards {current} of {len(shards)} current; skipped")
