@@ -165,7 +165,7 @@ def test_a_new_code_version_shows_unsynced_until_rerun(bumped_webserver, fresh_t
         expect(page.get_by_text("Code version").first).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "ui-unsynced.png"))
         # the asset that did not change is not unsynced
-        page.goto(f"{bumped_webserver}/assets/dedup_decisions?view=partitions&partition=tiny", wait_until="networkidle")
+        page.goto(f"{bumped_webserver}/assets/source_files?view=partitions&partition=tiny%2Flz4-4.4.5", wait_until="networkidle")
         expect(page.get_by_text("Materialized").first).to_be_visible()
         expect(page.get_by_text("Unsynced")).to_have_count(0)
         # megacpp run re-materializes what changed; the UI shows it in sync again
