@@ -17,6 +17,21 @@ import pyarrow.compute as pc
 
 from .dedup import LICENSE_RANK
 
+#: Columns that put kept files in keep order (with ``doc_key``, which every reader needs).
+FILE_ORDER_COLUMNS = ["doc_key", "license_class", "source_order", "path"]
+#: Columns that put documents (chunks) in snapshot keep order (with ``doc_key``).
+DOCUMENT_ORDER_COLUMNS = ["doc_key", "license_class", "source", "path", "chunk_index"]
+
+
+def _sorted(table: pa.Table, keys: dict[str, pa.Array]) -> pa.Table:
+    """``table`` taken in ascending order of ``keys`` (name → aligned array), first key first."""
+    order = pc.sort_indices(pa.table(keys), sort_keys=[(k, "ascending") for k in keys])
+    return table.take(order)
+
+
+def _ranks(table: pa.Table) -> pa.Array:
+    return pa.array([LICENSE_RANK[c] for c in table.column("license_class").to_pylist()], type=pa.int32())
+
 
 def kept_keys(decisions: pa.Table) -> pa.Array:
     """The ``doc_key`` of every kept file of a ``decisions`` table (string array)."""
@@ -34,10 +49,7 @@ def iter_kept(refs: Iterable, keys: pa.Array, columns: list[str] | None = None) 
 
 def keep_order(table: pa.Table) -> pa.Table:
     """``table`` (with ``license_class``, ``source_order``, ``path``) sorted in keep order."""
-    rank = pa.array([LICENSE_RANK[c] for c in table.column("license_class").to_pylist()], type=pa.int32())
-    order = pc.sort_indices(pa.table({"r": rank, "s": table.column("source_order"), "p": table.column("path")}),
-                            sort_keys=[("r", "ascending"), ("s", "ascending"), ("p", "ascending")])
-    return table.take(order)
+    return _sorted(table, {"r": _ranks(table), "s": table.column("source_order"), "p": table.column("path")})
 
 
 def shard_kept(scrubbed, decisions, columns: list[str] | None = None) -> pa.Table:
@@ -45,7 +57,7 @@ def shard_kept(scrubbed, decisions, columns: list[str] | None = None) -> pa.Tabl
     columns; every column when None). ``scrubbed`` and ``decisions`` are input references;
     only the decisions of this shard's ``doc_key`` values are read (a filter applied row
     group by row group), so memory follows the shard, not the snapshot."""
-    cols = None if columns is None else sorted(set(columns) | {"doc_key", "license_class", "source_order", "path"})
+    cols = None if columns is None else sorted(set(columns) | set(FILE_ORDER_COLUMNS))
     t = scrubbed.read(columns=cols)
     if not t.num_rows:
         return t
@@ -59,11 +71,8 @@ def document_order(table: pa.Table, source_order: dict[str, int]) -> pa.Table:
     order: ``(LICENSE_RANK, source_order, path, chunk_index)``, ``source_order`` being the
     manifest position of each source. The order packing and the Megatron export follow; it
     does not depend on the number of shards."""
-    rank = pa.array([LICENSE_RANK[c] for c in table.column("license_class").to_pylist()], type=pa.int32())
     src = pa.array([source_order[x] for x in table.column("source").to_pylist()], type=pa.int32())
-    order = pc.sort_indices(pa.table({"r": rank, "s": src, "p": table.column("path"), "c": table.column("chunk_index")}),
-                            sort_keys=[("r", "ascending"), ("s", "ascending"), ("p", "ascending"), ("c", "ascending")])
-    return table.take(order)
+    return _sorted(table, {"r": _ranks(table), "s": src, "p": table.column("path"), "c": table.column("chunk_index")})
 
 
 def read_documents(refs: Iterable, source_order: dict[str, int], columns: list[str] | None = None,
@@ -72,8 +81,7 @@ def read_documents(refs: Iterable, source_order: dict[str, int], columns: list[s
     references) but the ``doc_key`` values in ``drops``, in :func:`document_order`
     (``columns`` plus the order columns). Holds the documents it returns: the pack and
     format stages call it with the columns they need."""
-    cols = None if columns is None else list(dict.fromkeys(
-        list(columns) + ["doc_key", "license_class", "source", "path", "chunk_index"]))
+    cols = None if columns is None else list(dict.fromkeys(list(columns) + DOCUMENT_ORDER_COLUMNS))
     refs, parts = list(refs), []
     for ref in refs:
         t = ref.read(columns=cols)
@@ -90,7 +98,7 @@ def kept_table(refs: Iterable, decisions: pa.Table, columns: list[str] | None = 
     """Every kept file of the scrubbed shards ``refs`` in keep order (``columns`` plus the
     keep-order columns). Holds the kept rows of the snapshot: for snapshot-wide readers
     only (the tokenizer takes a bounded sample with :func:`sample`)."""
-    cols = None if columns is None else sorted(set(columns) | {"doc_key", "license_class", "source_order", "path"})
+    cols = None if columns is None else sorted(set(columns) | set(FILE_ORDER_COLUMNS))
     parts = list(iter_kept(refs, kept_keys(decisions), cols))
     if not parts:
         return pa.table({})
@@ -108,8 +116,8 @@ def sample(refs: list, decisions: pa.Table, max_bytes: int) -> pa.Table:
 
     keys = kept_keys(decisions)
     meta = []
-    for t in iter_kept(refs, keys, ["doc_key", "license_class", "source_order", "path", "text"]):
-        meta.append(t.select(["doc_key", "license_class", "source_order", "path"]).append_column(
+    for t in iter_kept(refs, keys, FILE_ORDER_COLUMNS + ["text"]):
+        meta.append(t.select(FILE_ORDER_COLUMNS).append_column(
             "nbytes", pc.binary_length(pc.cast(t.column("text"), pa.large_binary()))))
     if not meta:
         return pa.table({"doc_key": pa.array([], pa.string()), "text": pa.array([], pa.large_string())})

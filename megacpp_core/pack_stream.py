@@ -40,7 +40,7 @@ from . import tokenizer as tk
 from .tables import ParquetStream
 
 #: Columns of the length summary read from each tokenized shard.
-SUMMARY_COLUMNS = ["doc_key", "license_class", "source", "path", "chunk_index", "n_tokens"]
+SUMMARY_COLUMNS = kept.DOCUMENT_ORDER_COLUMNS + ["n_tokens"]
 #: FIM counts summed over the groups (the rest of the FIM figures are the settings).
 FIM_COUNTS = ("fim_psm", "fim_spm", "fim_skipped_too_long", "fim_doc_comment_masked_tokens", "fim_doc_comment_docs")
 
@@ -174,7 +174,7 @@ def write_rows(p: PackPlan, refs: list, source_order: dict[str, int], settings, 
     group's rows disagree with the plan (inputs changed under the stage).
     """
     first = pack_inputs.columns_to_read(refs[0].schema().names)[0] if refs else []
-    first = list(dict.fromkeys(first + ["license_class", "source", "path", "chunk_index"]))  # + the keep-order columns
+    first = list(dict.fromkeys(first + kept.DOCUMENT_ORDER_COLUMNS))
     writer = _FileWriter(out_dir, p.files, row_group_size)
     summary = {"rows": 0, "tokens": 0, "docs": 0, "loss_tokens": 0}
     fim_figs: dict = {}

@@ -23,6 +23,13 @@ ROW_GROUP_SIZE = 1024
 METADATA_PREFIX = "megacpp."
 
 
+def _writer(sink, schema: pa.Schema) -> pq.ParquetWriter:
+    """A ParquetWriter with the project's fixed settings: zstd level 3, statistics on, no
+    arrow schema blob."""
+    return pq.ParquetWriter(sink, schema, compression="zstd", compression_level=3, write_statistics=True,
+                            store_schema=False)
+
+
 def write_parquet_to(table: pa.Table, sink, row_group_size: int = ROW_GROUP_SIZE) -> None:
     """Write ``table`` as parquet to ``sink`` (a path or a writable file object) with the
     project's fixed settings: zstd level 3, statistics on, no arrow schema blob, and only
@@ -30,8 +37,7 @@ def write_parquet_to(table: pa.Table, sink, row_group_size: int = ROW_GROUP_SIZE
     always gives the same bytes."""
     lineage = {k: v for k, v in (table.schema.metadata or {}).items() if k.startswith(METADATA_PREFIX.encode())}
     table = table.replace_schema_metadata(None)
-    with pq.ParquetWriter(sink, table.schema, compression="zstd", compression_level=3, write_statistics=True,
-                          store_schema=False) as writer:
+    with _writer(sink, table.schema) as writer:
         writer.write_table(table, row_group_size=row_group_size)
         if lineage:
             writer.add_key_value_metadata(lineage)
@@ -51,8 +57,7 @@ class ParquetStream:
         self._tmp = self.path.with_name(self.path.name + ".tmp")
         self._schema = schema.remove_metadata()
         self._rows = row_group_size
-        self._writer = pq.ParquetWriter(self._tmp, self._schema, compression="zstd", compression_level=3,
-                                        write_statistics=True, store_schema=False)
+        self._writer = _writer(self._tmp, self._schema)
 
     def write(self, table: pa.Table) -> None:
         """Append ``table`` (its schema must equal the stream's, metadata aside)."""

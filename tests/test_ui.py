@@ -26,6 +26,22 @@ ARTIFACTS = PROJECT / "data" / "test-artifacts"
 PARTITION = "tiny/lz4-4.4.5"
 
 
+def _open_page(p):
+    """Headless Chromium (the flags the machine needs) and one 1400×900 page, 60 s timeouts."""
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(60_000)
+    return browser, page
+
+
+def _dismiss_welcome(page) -> None:
+    """Close the UI's first-visit dialog when it shows."""
+    page.wait_for_timeout(1500)
+    if page.get_by_role("button", name="Skip").count():
+        page.get_by_role("button", name="Skip").click()
+
+
 @pytest.fixture(scope="module")
 def webserver(tmp_path_factory):
     from dagster import DagsterInstance
@@ -52,26 +68,18 @@ def test_materialize_a_partition_from_the_ui(webserver):
     assert Path(CHROMIUM).exists(), "Chromium is not installed (make test installs Debian's chromium)"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(60_000)
-
-        def dismiss_welcome():
-            page.wait_for_timeout(1500)
-            if page.get_by_role("button", name="Skip").count():
-                page.get_by_role("button", name="Skip").click()
+        browser, page = _open_page(p)
 
         # the asset graph: both groups and the fan-in edge are there
         page.goto(f"{webserver}/asset-groups", wait_until="networkidle")
-        dismiss_welcome()
+        _dismiss_welcome(page)
         page.goto(f"{webserver}/locations/megacpp_assets.definitions:defs/asset-groups/snapshot", wait_until="networkidle")
         expect(page.get_by_text("dedup_decisions").first).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "ui-asset-graph.png"))
 
         # launch one partition of source_files from the asset page
         page.goto(f"{webserver}/assets/source_files", wait_until="networkidle")
-        dismiss_welcome()
+        _dismiss_welcome(page)
         page.get_by_role("button", name="Materialize…").click()
         page.get_by_text("Select a partition or create one").click()
         page.get_by_placeholder("Filter partitions").fill(PARTITION)
@@ -152,14 +160,9 @@ def test_a_new_code_version_shows_unsynced_until_rerun(bumped_webserver, fresh_t
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     partition_page = f"{bumped_webserver}/assets/chunk_dedup?view=partitions&partition=tiny"
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(60_000)
+        browser, page = _open_page(p)
         page.goto(partition_page, wait_until="networkidle")
-        page.wait_for_timeout(1500)
-        if page.get_by_role("button", name="Skip").count():
-            page.get_by_role("button", name="Skip").click()
+        _dismiss_welcome(page)
         expect(page.get_by_text("Unsynced").first).to_be_visible()
         page.get_by_text("Unsynced").first.hover()
         expect(page.get_by_text("Code version").first).to_be_visible()
@@ -184,14 +187,9 @@ def test_revision_by_shard_grid_of_a_per_document_asset(bumped_webserver, fresh_
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(60_000)
+        browser, page = _open_page(p)
         page.goto(f"{bumped_webserver}/assets/tokenized_documents?view=partitions", wait_until="networkidle")
-        page.wait_for_timeout(1500)
-        if page.get_by_role("button", name="Skip").count():
-            page.get_by_role("button", name="Skip").click()
+        _dismiss_welcome(page)
         expect(page.get_by_placeholder("Filter by revision…")).to_be_visible()
         expect(page.get_by_placeholder("Filter by shard…")).to_be_visible()
         expect(page.get_by_text("Materialized (3)")).to_be_visible()  # tiny: three revisions of one shard each

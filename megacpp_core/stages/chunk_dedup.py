@@ -18,13 +18,13 @@ from .. import kept as kept_files
 from ..stage import Partitioning, Result, Stage
 
 #: Columns read from each chunks shard (the text only to hash it, one batch at a time).
-COLUMNS = ["doc_key", "kind", "text", "license_class", "source", "path", "chunk_index"]
+COLUMNS = kept_files.DOCUMENT_ORDER_COLUMNS + ["kind", "text"]
 BATCH_ROWS = 4096
 
 
 def compute(ctx) -> Result:
-    parts, chunks_in = [], 0
-    for ref in ctx.inputs("chunks"):
+    refs, parts, chunks_in = ctx.inputs("chunks"), [], 0
+    for ref in refs:
         for batch in ref.parquet_file().iter_batches(batch_size=BATCH_ROWS, columns=COLUMNS):
             chunks_in += batch.num_rows
             parts.append(chunk_dedup.chunk_hashes(pa.Table.from_batches([batch])))
@@ -32,7 +32,7 @@ def compute(ctx) -> Result:
     hashes = kept_files.document_order(pa.concat_tables(parts), order) if parts else None
     drops, by_kind = chunk_dedup.drops_from_hashes(hashes) if hashes is not None else (chunk_dedup.DROPS_SCHEMA.empty_table(), {})
     figures = {"chunks_in": chunks_in, "chunks_out": chunks_in - drops.num_rows, "dropped": by_kind,
-               "whitelisted_chunks": 0 if hashes is None else hashes.num_rows, "shards_in": len(ctx.inputs("chunks"))}
+               "whitelisted_chunks": 0 if hashes is None else hashes.num_rows, "shards_in": len(refs)}
     return Result({"chunk_drops": drops}, figures)
 
 
