@@ -27,7 +27,6 @@ DAGSTER_YAML = """# Local instance for `megacpp run` and `dagster dev` (SQLite s
 telemetry:
   enabled: false
 """
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 def _setup_logging() -> None:
@@ -106,7 +105,7 @@ def run_lock(path: Path, what: str):
 
 
 def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun: bool = False,
-                 stages=None) -> int:
+                 stages=None, workers: int = 1) -> int:
     """Materialize every out-of-date asset of a snapshot through Dagster; return an exit code.
 
     Per ``repo_revision`` partition, then for the ``snapshot`` partition, the assets that
@@ -116,16 +115,18 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun
     printed. ``rerun`` materializes everything. Pins are checked against the index /
     remote before any run starts (:func:`megacpp_core.acquire.check_pins`).
     ``stages``: the stage declarations to run (default the registry; tests pass a variant,
-    e.g. with one stage's ``code_version`` bumped). Runs on the same Dagster home serialize
-    (:func:`run_lock`).
+    e.g. with one stage's ``code_version`` bumped). ``workers``: processes running the
+    revisions of a pass at once (:mod:`megacpp_assets.snapshot_run`; the CLI's default is
+    :func:`megacpp_assets.run_workers.default_workers`). Runs on the same Dagster home
+    serialize (:func:`run_lock`).
     """
     root, home = prepare_environment(data_root)
     with run_lock(home / ".megacpp-run.lock", f"data root {root.url}"):
         root.sweep_scratch()
-        return _run_locked(corpus, root, home, instance, rerun, stages)
+        return _run_locked(corpus, root, home, instance, rerun, stages, workers)
 
 
-def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) -> int:
+def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages, workers: int) -> int:
     from megacpp_core.acquire import check_pins
     from megacpp_core.manifest import ManifestError, load_manifest
     from megacpp_core.snapshots import record_manifest
@@ -137,106 +138,24 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) ->
     except ManifestError as e:
         print(f"megacpp run: {e}", file=sys.stderr)
         return 2
-    from dagster import AssetKey, DagsterInstance
+    from dagster import DagsterInstance
 
-    from megacpp_assets import freshness
     from megacpp_assets.sensors import register_partitions
+    from megacpp_assets.snapshot_run import SnapshotRun, run_passes
     from megacpp_core import layout
-    from megacpp_core.stage import Partition, Partitioning
 
-    if stages is None:
-        from megacpp_assets.definitions import defs as definitions
-        from megacpp_core.stages import STAGES as stages
-    else:
-        from megacpp_assets.definitions import build_definitions
-
-        definitions = build_definitions(stages)
     instance = instance or DagsterInstance.get()
     try:
         record_manifest(root, manifest)
     except (StorageError, OSError) as e:
         print(f"megacpp run: data root {root.url} cannot be written: {e}", file=sys.stderr)
         return 2
-    keys = [manifest.partition_key(s) for s in manifest.sources]
     register_partitions(instance, {manifest.name: manifest})
-    print(f"megacpp run: snapshot {manifest.name!r} ({len(keys)} sources) from {manifest.path}")
-    print(f"  data root    {root.url}\n  DAGSTER_HOME {home}")
+    print(f"megacpp run: snapshot {manifest.name!r} ({len(manifest.sources)} sources) from {manifest.path}")
+    print(f"  data root    {root.url}\n  DAGSTER_HOME {home}\n  workers      {workers}", flush=True)
     t0 = time.perf_counter()
-    revision_job = definitions.resolve_job_def("revision_job")
-    shard_job = definitions.resolve_job_def("shard_job")
-    snapshot_job = definitions.resolve_job_def("snapshot_job")
-    from megacpp_assets.factory import CARD_CODE_VERSION, register_shards
-    from megacpp_core.stages import phases
-
-    def out_of_date(part, assets) -> list[str]:
-        return assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, part)
-                                     if x.asset in assets]
-
-    def materialize(job, part, assets, label, say_skip=True, todo=None) -> bool:
-        todo = out_of_date(part, assets) if todo is None else todo
-        if not todo:
-            if say_skip:
-                print(f"{label} {part.key} (current; skipped)")
-            return True
-        why = "" if rerun or len(todo) == len(assets) else f" (out of date: {', '.join(todo)})"
-        print(f"{label} {part.key}{why}")
-        result = job.execute_in_process(instance=instance, partition_key=part.key, run_config=QUIET,
-                                        raise_on_error=False, asset_selection=[AssetKey(a) for a in todo])
-        if not result.success:
-            _report_failure(result, part.key)
-        return result.success
-
-    # passes over the snapshot (megacpp_core.stages.phases): per revision its own assets,
-    # its shards, the assets reading its shards (the libclang lane); then the snapshot
-    # steps. The chunk shards start a second pass: they read the dedup decisions and the
-    # tokenizer of the first.
-    passes = phases(stages)
-    snap = Partition(manifest.name)
-    for n, ph in enumerate(passes, 1):
-        if len(passes) > 1:
-            print(f"pass {n}/{len(passes)}: {', '.join(s.name for s in ph.stages)}")
-        early, shard, late = ([s.asset for s in x] for x in (ph.early, ph.shard, ph.late))
-        if late and all(s.enabled is not None and not getattr(manifest.settings, s.enabled) for s in ph.late):
-            early, late = early + late, []  # switched off, they read nothing: one run per revision fewer
-        for i, source in enumerate(manifest.sources, 1):
-            part = Partition(manifest.name, source.name)
-            if early and not materialize(revision_job, part, early, f"[{i}/{len(keys)}] repo_revision"):
-                return 1
-            if shard:
-                shards = register_shards(instance, root, manifest.name, source.name)
-                current = 0
-                for k in shards:
-                    spart = Partition(manifest.name, source.name, k)
-                    todo = out_of_date(spart, shard)
-                    if not todo:
-                        current += 1  # one summary line below, not one per shard
-                        continue
-                    if not materialize(shard_job, spart, shard, f"[{i}/{len(keys)}]   shard {k} of {len(shards)}", todo=todo):
-                        return 1
-                if current:
-                    print(f"[{i}/{len(keys)}]   {manifest.name}/{source.name}: shards {current} of {len(shards)} current; skipped")
-            if late and not materialize(revision_job, part, late, f"[{i}/{len(keys)}] repo_revision", say_skip=not early):
-                return 1
-        snapshot_assets = [s.asset for s in ph.snapshot]
-        extra = {}
-        if n == len(passes):
-            snapshot_assets.append("dataset_card")
-            final = [s for s in stages if s.partitioning is Partitioning.SNAPSHOT][-1]
-            extra = {"dataset_card": (CARD_CODE_VERSION, [final.asset], lambda: root.exists(layout.card_key(manifest.name)))}
-        if not snapshot_assets:
-            continue
-        plan = snapshot_assets if rerun else [x.asset for x in freshness.plan(instance, stages, root, manifest, snap, extra)
-                                              if x.asset in snapshot_assets]
-        if plan:
-            print(f"[snapshot] {manifest.name}: " + " → ".join(plan))
-            result = snapshot_job.execute_in_process(
-                instance=instance, partition_key=manifest.name, run_config=QUIET, raise_on_error=False,
-                asset_selection=[AssetKey(a) for a in plan])
-            if not result.success:
-                _report_failure(result, manifest.name)
-                return 1
-        else:
-            print(f"[snapshot] {manifest.name}: {', '.join(snapshot_assets)} current; skipped")
+    if not run_passes(SnapshotRun(manifest, root, instance, rerun, stages), workers):
+        return 1
     print(f"\nDone in {time.perf_counter() - t0:.1f}s. Outputs of snapshot {manifest.name!r}:")
     prefix = layout.snapshot_prefix(manifest.name)
     for sub in ("packed", "megatron", "tokenizer"):
@@ -244,19 +163,6 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages) ->
     print(f"  card       {root.uri(layout.card_key(manifest.name))}")
     print(f"  UI         make ui   (dagster dev with DAGSTER_HOME={home} MEGACPP_DATA_ROOT={root.url})")
     return 0
-
-
-def _report_failure(result, what: str) -> None:
-    print(f"megacpp run: FAILED at {what}", file=sys.stderr)
-    for ev in result.all_events:
-        if ev.is_step_failure:
-            err = ev.step_failure_data.error
-            cause = err.cause.message if err and err.cause else ""
-            print(f"  step {ev.step_key}: {err.message.strip() if err else ''} {cause.strip()}", file=sys.stderr)
-        elif ev.event_type_value == "ASSET_CHECK_EVALUATION":
-            data = ev.event_specific_data
-            if data is not None and not data.passed:
-                print(f"  check {data.asset_check_key.name} failed on {data.asset_key.to_user_string()}", file=sys.stderr)
 
 
 def inspect_row(path: str, row: int, tokenizer_path: str | None = None) -> int:
@@ -300,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p_run = sub.add_parser("run", help="materialize a whole snapshot through Dagster")
     p_run.add_argument("--corpus", default="default", help="shipped manifest name (corpora/NAME.yaml) or a manifest path")
     p_run.add_argument("--data-root", default=None, help="data root (default $MEGACPP_DATA_ROOT or ./data)")
+    p_run.add_argument("--workers", type=int, default=None,
+                       help="processes running the revisions of a pass at once (default: one per core, "
+                            "within 2 GiB of available memory each)")
     p_run.add_argument("--rerun", action="store_true", help="re-materialize every asset of the snapshot (revisions, snapshot stages, the card) even when current")
     p_ver = sub.add_parser("verify", help="verify gate for a Megatron prefix or a packed-shard directory")
     p_ver.add_argument("path")
@@ -310,7 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging()
     if args.command == "run":
-        return run_snapshot(args.corpus, args.data_root, rerun=args.rerun)
+        from megacpp_assets.run_workers import default_workers
+
+        workers = args.workers if args.workers is not None else default_workers()
+        if workers < 1:
+            parser.error("--workers must be at least 1")
+        return run_snapshot(args.corpus, args.data_root, rerun=args.rerun, workers=workers)
     if args.command == "verify":
         from megacpp_checks.verify import main_verify
 

@@ -18,6 +18,7 @@ sync) and tags recording the settings fingerprint and the input versions it read
 
 import hashlib
 import json
+import warnings
 from typing import Any
 
 from dagster import (
@@ -28,6 +29,7 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetRecordsFilter,
+    BetaWarning,
     DataVersion,
     DynamicPartitionsDefinition,
     MaterializeResult,
@@ -100,11 +102,20 @@ def _shards(root, snapshot: str, source: str) -> list[str]:
 
 def register_shards(instance, root, snapshot: str, source: str) -> list[str]:
     """Add the shard keys of a revision's plan missing from the ``shard`` partitions; returns them."""
+    from sqlalchemy.exc import DBAPIError
+
     keys = _shards(root, snapshot, source)
-    have = set(instance.get_dynamic_partitions(shard_partitions.name))
-    new = [k for k in keys if k not in have]
-    if new:
-        instance.add_dynamic_partitions(shard_partitions.name, new)
+    for attempt in range(3):  # workers of one run register the same shard keys at once
+        have = set(instance.get_dynamic_partitions(shard_partitions.name))
+        new = [k for k in keys if k not in have]
+        if not new:
+            break
+        try:
+            instance.add_dynamic_partitions(shard_partitions.name, new)
+            break
+        except DBAPIError:  # unique key taken by another process (or the database busy): read again
+            if attempt == 2:
+                raise
     return keys
 
 
@@ -166,7 +177,9 @@ def partition_mapping(up: Partitioning, down: Partitioning):
         # revision key SNAPSHOT/SOURCE to SNAPSHOT, so every snapshot partition is upstream
         # in the graph; the runner reads the partition's own snapshot
         return AllPartitionMapping()
-    return MultiToSingleDimensionPartitionMapping(partition_dimension_name="revision")
+    with warnings.catch_warnings():  # beta in Dagster, and the one mapping that takes a shard to its revision
+        warnings.simplefilter("ignore", BetaWarning)
+        return MultiToSingleDimensionPartitionMapping(partition_dimension_name="revision")
 
 
 def stage_asset(stage: Stage, producers: dict[str, Stage]):

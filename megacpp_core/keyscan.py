@@ -148,6 +148,9 @@ def structure_fraction(token: str) -> float:
 
 
 _HEX_NUMBER = re.compile(r"(?:0[xX])?[0-9A-Fa-f']+(?:[uU]?[lLzZ]{0,2}|[lLzZ]{0,2}[uU]?)")
+#: A C/C++ floating literal's digits from where a base64 run can start (after the ``.``):
+#: ``5.896624628001300E+17f`` gives the run ``896624628001300E+17f`` (boost's math tests).
+_DECIMAL_NUMBER = re.compile(r"\d[\d']*(?:[eE][+-]?\d+)?(?:[fFlL]|[fF](?:16|32|64|128)|[bB][fF]16)?")
 _HAS_LOWER = re.compile(r"[a-z]")
 _HAS_UPPER = re.compile(r"[A-Z]")
 _HAS_DIGIT = re.compile(r"[0-9]")
@@ -167,7 +170,7 @@ def random_like(token: str, margin: float = 0.0) -> bool:
         return False
     if not (_HAS_DIGIT.search(token) or (n >= _SYMBOL_FOR_DIGIT_LEN and _HAS_B64_SYMBOL.search(token))):
         return False
-    if _HEX_NUMBER.fullmatch(token):
+    if _HEX_NUMBER.fullmatch(token) or _DECIMAL_NUMBER.fullmatch(token):
         return False
     if shannon_entropy(token) < expected_entropy(n) - entropy_slack(n) - margin:
         return False

@@ -93,6 +93,11 @@ def test_private_key_block_redacted_whole():
         'const char *token = "unexpected end of input"; token_name = "IDENTIFIER_TOKEN_NAME";',
         '#define LN_setAttr_Token_B0Prime "setAttr-Token-B0Prime"  password = "short1"',
         "https://example.com/home/about/ and /path/to/home/x/ and $HOME/.config",
+        # boost 1.81 libs/math/test/test_tr1.c: the digits after the point are a 20-character
+        # run of the base64 alphabet with both cases and a digit
+        "   check_close_fraction_f(hermitef(10, 30), 5.896624628001300E+17f, 100 * eps, __LINE__);\n"
+        "   check_close_fraction_f(hermitef(10, 1000), 1.023976960161280E+33f, 100 * eps, __LINE__);\n"
+        "   check_close_fraction_l(hermitel(10, 1000), 1.023976960161280E+33L, 100 * eps, __LINE__);",
     ],
 )
 def test_ordinary_code_untouched(text):
@@ -138,3 +143,31 @@ def test_shannon_entropy():
     assert shannon_entropy("aaaa") == 0.0
     assert shannon_entropy("abcd") == pytest.approx(2.0)
     assert shannon_entropy(HIGH_ENTROPY) >= 3.5
+
+
+def test_scrub_stage_leaves_out_a_file_its_rescan_flags(monkeypatch):
+    """Fail closed per file: a file whose scrubbed text still leaks is not written; the
+    stage goes on and names it in its figures."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    import megacpp_core.scrub as scrub
+    from megacpp_core.stages import scrub as stage
+
+    real = scrub.find_leaks
+    monkeypatch.setattr(scrub, "find_leaks", lambda text: [("secret", "x")] if "LEAKY" in text else real(text))
+    kept = pa.table({"doc_key": ["a", "b", "c"], "path": ["a.c", "b.c", "c.c"], "language": ["c"] * 3,
+                     "text": ["int a;", "int LEAKY;", "int c;"]})
+    lic = pa.table({"doc_key": ["a", "b", "c"], "license_class": ["permissive"] * 3,
+                    "decision": ["accept", "accept", "refuse"], "spdx_expression": ["MIT"] * 3})
+    tables = {"quality_kept": kept, "license": lic}
+    ctx = SimpleNamespace(
+        source=SimpleNamespace(name="s", order=0, sha256="0" * 64),
+        input=lambda name: SimpleNamespace(read=lambda: tables[name], read_json=lambda: {"revision": "r"}))
+    res = stage.compute(ctx)
+    out = res.outputs["scrubbed"]
+    assert out.column("doc_key").to_pylist() == ["a"]
+    f = res.figures
+    assert (f["files_in"], f["files_out"], f["refused_by_license"], f["dropped_by_rescan"]) == (3, 1, 1, 1)
+    assert f["dropped_by_rescan_files"] == [{"doc_key": "b", "why": "scrub output still holds: ['secret']"}]

@@ -3,7 +3,8 @@ Dagster grid, and the same snapshot with one shard per revision and with many.
 
 The integration test materializes ``tiny`` a second time with ``shard_bytes`` small
 enough to split every revision into many shards, and compares it with the session's
-one-shard-per-revision run: the same files in the same shards' union, the same dedup
+one-shard-per-revision run — and on 2 worker processes (``megacpp run --workers 2``)
+where the session's run used 1, so revisions finish in another order: the same files in the same shards' union, the same dedup
 decisions and documents, byte-identical packed parquet shards and Megatron ``.bin/.idx``,
 and the row contract on every row.
 """
@@ -125,7 +126,7 @@ def many_shards(tmp_path_factory):
     with environ(DAGSTER_HOME=str(home)):
         try:
             with DagsterInstance.get() as instance:
-                assert run_snapshot(str(mpath), str(root), instance=instance) == 0
+                assert run_snapshot(str(mpath), str(root), instance=instance, workers=2) == 0  # many shards on 2 workers
                 yield root, instance
         finally:
             if saved is None:

@@ -9,6 +9,8 @@ the merged pairs is the ``dedup`` stage.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow as pa
 
@@ -20,24 +22,22 @@ from ..stage import Partitioning, Result, Stage
 BAND_RANGES = tuple(catalog.LSH_PAIRS)
 
 
-def _compute(lo: int, hi: int):
+def compute(lo: int, hi: int, ctx) -> Result:
+    """The candidate pairs of bands ``lo``..``hi``-1 (bound per stage with ``functools.partial``,
+    which pickles by name: ``megacpp run --workers`` sends stage declarations to its workers)."""
     out = catalog.LSH_PAIRS[(lo, hi)].name
-
-    def compute(ctx) -> Result:
-        keys, srcs, sig = snapshot_signatures(ctx.inputs("minhash"), ctx.settings.minhash_num_perm)
-        order = {x.name: i for i, x in enumerate(ctx.sources)}
-        src_id = np.array([order[n] for n in srcs], dtype=np.int64)
-        pairs = dedup.cross_source_candidates(sig, src_id, lo, hi)
-        rows = sorted((min(keys[i], keys[j]), max(keys[i], keys[j])) for i, j in pairs.tolist())
-        table = pa.table({"doc_key_a": pa.array([r[0] for r in rows], pa.string()),
-                          "doc_key_b": pa.array([r[1] for r in rows], pa.string())})
-        cross = all(srcs[i] != srcs[j] for i, j in pairs.tolist())
-        figures = {"band_lo": lo, "band_hi": hi, "rows_per_band": dedup.CROSS_ROWS, "documents": len(keys),
-                   "candidate_pairs": table.num_rows, "index_bytes_per_document": (hi - lo) * 12,
-                   "all_pairs_cross_source": cross}
-        return Result({out: table}, figures)
-
-    return compute
+    keys, srcs, sig = snapshot_signatures(ctx.inputs("minhash"), ctx.settings.minhash_num_perm)
+    order = {x.name: i for i, x in enumerate(ctx.sources)}
+    src_id = np.array([order[n] for n in srcs], dtype=np.int64)
+    pairs = dedup.cross_source_candidates(sig, src_id, lo, hi)
+    rows = sorted((min(keys[i], keys[j]), max(keys[i], keys[j])) for i, j in pairs.tolist())
+    table = pa.table({"doc_key_a": pa.array([r[0] for r in rows], pa.string()),
+                      "doc_key_b": pa.array([r[1] for r in rows], pa.string())})
+    cross = all(srcs[i] != srcs[j] for i, j in pairs.tolist())
+    figures = {"band_lo": lo, "band_hi": hi, "rows_per_band": dedup.CROSS_ROWS, "documents": len(keys),
+               "candidate_pairs": table.num_rows, "index_bytes_per_document": (hi - lo) * 12,
+               "all_pairs_cross_source": cross}
+    return Result({out: table}, figures)
 
 
 def pairs_cross_source(g):
@@ -51,7 +51,7 @@ def pairs_cross_source(g):
 def _stage(lo: int, hi: int) -> Stage:
     name = f"lsh_bands_{lo:02d}_{hi:02d}"
     return Stage(
-        name=name, asset=name, partitioning=Partitioning.SNAPSHOT, compute=_compute(lo, hi), code_version="1",
+        name=name, asset=name, partitioning=Partitioning.SNAPSHOT, compute=functools.partial(compute, lo, hi), code_version="1",
         description=f"Stage 4b: cross-source LSH candidate pairs of bands {lo}-{hi - 1} (14 x 8 over 112 permutations).",
         inputs=(catalog.MINHASH,), outputs=(catalog.LSH_PAIRS[(lo, hi)],), settings=("minhash_num_perm",),
         gates=(pairs_cross_source,), heavy="minhash",

@@ -3,7 +3,10 @@
 Per repo revision × shard (:mod:`megacpp_core.sharding`). Inputs: the shard's ``quality_kept`` and ``license`` (refused files
 are dropped here) and the revision's ``shard_plan`` (the revision id). Output: ``scrubbed`` — the scrubbed text of every
 license-accepted file with its license provenance. Fail closed: a re-scan of each output
-text must find nothing (:func:`megacpp_core.scrub.scrub_text` raises otherwise). The
+text must find nothing (:func:`megacpp_core.scrub.scrub_text` raises otherwise); a file
+whose scrubbed text still holds something is left out of the output and named in the
+figures (``dropped_by_rescan``), and the ``rescan_finds_nothing`` gate re-reads what was
+committed. The
 detectors are :mod:`megacpp_core.scrub`.
 """
 
@@ -14,7 +17,7 @@ import hashlib
 import pyarrow as pa
 
 from .. import catalog, scrub
-from ..stage import Partitioning, Result, Stage, StageError
+from ..stage import Partitioning, Result, Stage
 
 SCRUBBED_SCHEMA = pa.schema([
     ("doc_key", pa.string()), ("source", pa.string()), ("source_order", pa.int32()), ("path", pa.string()),
@@ -36,6 +39,7 @@ def compute(ctx) -> Result:
     cols = {f.name: [] for f in SCRUBBED_SCHEMA}
     counts: dict[str, int] = {}
     samples: list[dict] = []
+    leaking: list[dict] = []
     for key, path, lang, text in zip(kept.column("doc_key").to_pylist(), kept.column("path").to_pylist(),
                                      kept.column("language").to_pylist(), kept.column("text").to_pylist()):
         cls, dec, expr = decision[key]
@@ -43,8 +47,9 @@ def compute(ctx) -> Result:
             continue
         try:
             r = scrub.scrub_text(text)  # re-scans its own output; raises LeakError if anything remains
-        except scrub.LeakError as e:
-            raise StageError(f"scrub re-scan failed closed on {key}: {e}") from e
+        except scrub.LeakError as e:  # fail closed on the file: it is left out, named in the figures
+            leaking.append({"doc_key": key, "why": str(e)})
+            continue
         for k, v in r.counts.items():
             counts[k] = counts.get(k, 0) + v
         for smp in r.samples:
@@ -56,7 +61,9 @@ def compute(ctx) -> Result:
                             ("content_sha256", hashlib.sha256(r.text.encode("utf-8")).hexdigest()), ("text", r.text)):
             cols[name].append(value)
     table = pa.table(cols, schema=SCRUBBED_SCHEMA)
-    figures = {"files_in": kept.num_rows, "files_out": table.num_rows, "refused_by_license": kept.num_rows - table.num_rows,
+    figures = {"files_in": kept.num_rows, "files_out": table.num_rows,
+               "refused_by_license": kept.num_rows - table.num_rows - len(leaking),
+               "dropped_by_rescan": len(leaking), "dropped_by_rescan_files": leaking[:SAMPLES],
                "redactions": dict(sorted(counts.items())), "samples": samples}
     return Result({"scrubbed": table}, figures)
 
@@ -76,9 +83,10 @@ def rescan_finds_nothing(g):
 
 
 STAGE = Stage(
-    name="scrub", asset="scrubbed_files", partitioning=Partitioning.REVISION_SHARD, compute=compute, code_version="2",
+    name="scrub", asset="scrubbed_files", partitioning=Partitioning.REVISION_SHARD, compute=compute, code_version="3",
     description="Stage 3: PII and secret scrub of license-accepted files; fail-closed re-scan.",
     inputs=(catalog.QUALITY_KEPT, catalog.LICENSE, catalog.SHARD_PLAN), outputs=(catalog.SCRUBBED,),
     gates=(no_refused_license_downstream, rescan_finds_nothing),
-    figures=("files_in", "files_out", "refused_by_license", "redactions", "samples"),
+    figures=("files_in", "files_out", "refused_by_license", "dropped_by_rescan", "dropped_by_rescan_files", "redactions",
+             "samples"),
 )

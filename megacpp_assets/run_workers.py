@@ -1,0 +1,134 @@
+"""Worker processes for ``megacpp run --workers N`` (SPEC §9): the per-revision work of a
+pass runs on N processes at once, the snapshot steps in the calling process.
+
+Each worker is a fresh (``spawn``) process that opens the same Dagster instance from its
+:class:`~dagster.InstanceRef` and executes its jobs in process, so the runs, their events
+and the materializations are the instance's as usual (the UI lists them). A worker's
+standard output and error (the per-step progress lines, failure reports) come back
+through a queue and are printed by the caller, line by line, as they are written.
+
+Why processes and not threads: every stage is CPU-bound Python; why ``spawn``: a forked
+copy of a process that already ran polars or Arrow thread pools can deadlock in them.
+Each worker loads the stages' heavy state once (ScanCode's license index, the snapshot
+tokenizer) and keeps it for every unit it runs; a worker's peak is one step's peak
+(≤ 2 GiB, ``bench/scale.py``), so :func:`default_workers` gives one worker per core
+within 2 GiB of available memory per worker.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+#: Memory budget of one worker (bytes): the largest step's peak (license, ScanCode's
+#: index: 1.57 GB in ``bench/scale.py``) rounded up to 2 GiB.
+WORKER_MEMORY = 2 << 30
+
+
+def default_workers() -> int:
+    """Usable cores (``sched_getaffinity``), capped by ``MemAvailable`` / :data:`WORKER_MEMORY`; at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        cores = min(cores, avail // WORKER_MEMORY)
+    except (OSError, StopIteration, ValueError):
+        pass
+    return max(1, int(cores))
+
+
+class _QueueWriter(io.TextIOBase):
+    """A text stream sending each completed line to ``queue`` as ``(stream, line)``."""
+
+    def __init__(self, queue, stream: str):
+        self._queue, self._stream, self._buf = queue, stream, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self._buf += s
+        if "\n" in self._buf:
+            done, self._buf = self._buf.rsplit("\n", 1)
+            self._queue.put((self._stream, done + "\n"))
+        return len(s)
+
+    def flush(self) -> None:
+        if self._buf:
+            self._queue.put((self._stream, self._buf))
+            self._buf = ""
+
+
+_WORKER = None
+
+
+def _init(factory: Callable, args: tuple, queue) -> None:
+    """Worker initializer: route stdout/stderr to ``queue``, then build the worker's state."""
+    global _WORKER
+    sys.stdout, sys.stderr = _QueueWriter(queue, "out"), _QueueWriter(queue, "err")
+    _WORKER = factory(*args)
+
+
+def _call(method: str, *args):
+    try:
+        return getattr(_WORKER, method)(*args)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+class WorkerPool:
+    """``n`` spawned processes, each holding ``factory(*args)``; :meth:`run_all` calls a method
+    of that object for each unit. Use as a context manager (the workers end on exit)."""
+
+    def __init__(self, n: int, factory: Callable, args: tuple):
+        ctx = multiprocessing.get_context("spawn")
+        self.n = n
+        self._queue = ctx.Queue()
+        self._pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init,
+                                         initargs=(factory, args, self._queue))
+        self._printer = threading.Thread(target=self._print, daemon=True)
+        self._printer.start()
+
+    def _print(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            stream, text = item
+            out = sys.stdout if stream == "out" else sys.stderr
+            out.write(text)
+            out.flush()
+
+    def run_all(self, method: str, units: Iterable[tuple]) -> bool:
+        """Call ``method(*unit)`` on the workers for every unit, at most ``n`` at once; True
+        when every call returned True. After the first False (or exception) no further unit
+        starts; the running ones finish. An exception is printed and counts as False."""
+        pending = list(units)[::-1]
+        running, ok = set(), True
+        while pending or running:
+            while ok and pending and len(running) < self.n:
+                running.add(self._pool.submit(_call, method, *pending.pop()))
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                try:
+                    ok = bool(fut.result()) and ok
+                except Exception as e:  # a worker died or raised: report, stop starting units
+                    print(f"megacpp run: worker failed: {type(e).__name__}: {e}", file=sys.stderr)
+                    ok = False
+            if not ok:
+                pending = []
+        return ok
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._queue.put(None)
+        self._printer.join()

@@ -1,0 +1,194 @@
+"""The passes of ``megacpp run`` over one snapshot (SPEC §9), on one or several processes.
+
+Per pass (:func:`megacpp_core.stages.phases`): for every revision its ``early`` assets
+(one ``revision_job`` run), its shards (one ``shard_job`` run per out-of-date shard), its
+``late`` assets; then the snapshot assets of the pass (one ``snapshot_job`` run). The
+revisions of a pass are independent, so with ``workers`` > 1 they run on worker processes
+(:class:`megacpp_assets.run_workers.WorkerPool`), each opening the same Dagster instance;
+the snapshot steps run in the calling process once every revision of the pass is done.
+Outputs do not depend on the number of workers or on the order revisions finish in
+(``tests/test_run_workers.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from dagster import AssetKey, DagsterInstance
+
+from megacpp_assets import freshness
+from megacpp_assets.factory import CARD_CODE_VERSION, register_shards
+from megacpp_core import layout
+from megacpp_core.stage import Partition, Partitioning
+from megacpp_core.stages import phases
+
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+class SnapshotRun:
+    """The jobs, instance and plan of one ``megacpp run``; the same object is rebuilt in each
+    worker (:meth:`in_worker`). ``stages``: the stage declarations (default the registry)."""
+
+    def __init__(self, manifest, root, instance, rerun: bool, stages=None):
+        self.stages_arg = stages  # what a worker rebuilds from (None: the registry)
+        if stages is None:
+            from megacpp_assets.definitions import defs as definitions
+            from megacpp_core.stages import STAGES as stages
+        else:
+            from megacpp_assets.definitions import build_definitions
+
+            definitions = build_definitions(stages)
+        self.manifest, self.root, self.instance, self.rerun, self.stages = manifest, root, instance, rerun, stages
+        self.revision_job = definitions.resolve_job_def("revision_job")
+        self.shard_job = definitions.resolve_job_def("shard_job")
+        self.snapshot_job = definitions.resolve_job_def("snapshot_job")
+        self.passes = phases(stages)
+        self.n_sources = len(manifest.sources)
+
+    @classmethod
+    def in_worker(cls, manifest_path: str, root_url: str, instance_ref, rerun: bool, stages) -> "SnapshotRun":
+        """The worker's copy: the manifest, data root and instance are opened again."""
+        import logging
+
+        from megacpp_core.manifest import load_manifest
+        from megacpp_core.storage import open_root
+
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s  %(message)s", "%H:%M:%S"))
+        lg = logging.getLogger("megacpp")
+        lg.handlers[:] = [handler]
+        lg.setLevel(logging.INFO)
+        lg.propagate = False
+        return cls(load_manifest(manifest_path), open_root(root_url), DagsterInstance.from_ref(instance_ref), rerun, stages)
+
+    # -- one revision's part of a pass (runs in a worker when workers > 1) ---------------
+
+    def _out_of_date(self, part, assets) -> list[str]:
+        if self.rerun:
+            return assets
+        return [x.asset for x in freshness.plan(self.instance, self.stages, self.root, self.manifest, part)
+                if x.asset in assets]
+
+    def _materialize(self, job, part, assets, label, say_skip=True, todo=None) -> bool:
+        todo = self._out_of_date(part, assets) if todo is None else todo
+        if not todo:
+            if say_skip:
+                print(f"{label} {part.key} (current; skipped)")
+            return True
+        why = "" if self.rerun or len(todo) == len(assets) else f" (out of date: {', '.join(todo)})"
+        print(f"{label} {part.key}{why}", flush=True)
+        result = job.execute_in_process(instance=self.instance, partition_key=part.key, run_config=QUIET,
+                                        raise_on_error=False, asset_selection=[AssetKey(a) for a in todo])
+        if not result.success:
+            report_failure(result, part.key)
+        return result.success
+
+    def pass_assets(self, n: int) -> tuple[list[str], list[str], list[str]]:
+        """``(early, shard, late)`` asset names of pass ``n`` (1-based); a switched-off late
+        lane reads nothing and joins the early run (one run per revision fewer)."""
+        ph = self.passes[n - 1]
+        early, shard, late = ([s.asset for s in x] for x in (ph.early, ph.shard, ph.late))
+        if late and all(s.enabled is not None and not getattr(self.manifest.settings, s.enabled) for s in ph.late):
+            early, late = early + late, []
+        return early, shard, late
+
+    def revision(self, n: int, i: int) -> bool:
+        """Pass ``n`` for source ``i`` (1-based): its early assets, its out-of-date shards, its late assets."""
+        early, shard, late = self.pass_assets(n)
+        source = self.manifest.sources[i - 1]
+        tag = f"[{i}/{self.n_sources}]"
+        part = Partition(self.manifest.name, source.name)
+        if early and not self._materialize(self.revision_job, part, early, f"{tag} repo_revision"):
+            return False
+        if shard:
+            shards = register_shards(self.instance, self.root, self.manifest.name, source.name)
+            current = 0
+            for k in shards:
+                spart = Partition(self.manifest.name, source.name, k)
+                todo = self._out_of_date(spart, shard)
+                if not todo:
+                    current += 1  # one summary line below, not one per shard
+                    continue
+                if not self._materialize(self.shard_job, spart, shard, f"{tag}   shard {k} of {len(shards)}", todo=todo):
+                    return False
+            if current:
+                print(f"{tag}   {self.manifest.name}/{source.name}: shards {current} of {len(shards)} current; skipped")
+        if late and not self._materialize(self.revision_job, part, late, f"{tag} repo_revision", say_skip=not early):
+            return False
+        return True
+
+    # -- the snapshot steps of a pass (the calling process) ------------------------------
+
+    def snapshot(self, n: int) -> bool:
+        """The snapshot assets of pass ``n`` that are out of date (the card after the last pass)."""
+        ph = self.passes[n - 1]
+        name = self.manifest.name
+        assets = [s.asset for s in ph.snapshot]
+        extra = {}
+        if n == len(self.passes):
+            assets.append("dataset_card")
+            final = [s for s in self.stages if s.partitioning is Partitioning.SNAPSHOT][-1]
+            extra = {"dataset_card": (CARD_CODE_VERSION, [final.asset], lambda: self.root.exists(layout.card_key(name)))}
+        if not assets:
+            return True
+        plan = assets if self.rerun else [x.asset for x in freshness.plan(self.instance, self.stages, self.root,
+                                                                          self.manifest, Partition(name), extra)
+                                          if x.asset in assets]
+        if not plan:
+            print(f"[snapshot] {name}: {', '.join(assets)} current; skipped")
+            return True
+        print(f"[snapshot] {name}: " + " → ".join(plan), flush=True)
+        result = self.snapshot_job.execute_in_process(instance=self.instance, partition_key=name, run_config=QUIET,
+                                                      raise_on_error=False, asset_selection=[AssetKey(a) for a in plan])
+        if not result.success:
+            report_failure(result, name)
+        return result.success
+
+
+def run_passes(run: SnapshotRun, workers: int) -> bool:
+    """Every pass of ``run``: revisions on ``workers`` processes (1: this one), then the
+    snapshot steps here. False at the first failure (the failure is printed)."""
+    from contextlib import nullcontext
+
+    from .run_workers import WorkerPool
+
+    if workers > 1 and run.instance.is_ephemeral:
+        print("megacpp run: an ephemeral Dagster instance cannot be shared with workers; running with 1",
+              file=sys.stderr)
+        workers = 1
+    workers = min(workers, run.n_sources)
+    pool = (WorkerPool(workers, SnapshotRun.in_worker,
+                       (str(run.manifest.path), run.root.url, run.instance.get_ref(), run.rerun, run.stages_arg))
+            if workers > 1 else nullcontext())
+    with pool:
+        for n, ph in enumerate(run.passes, 1):
+            if len(run.passes) > 1:
+                print(f"pass {n}/{len(run.passes)}: {', '.join(s.name for s in ph.stages)}", flush=True)
+            units = [(n, i) for i in range(1, run.n_sources + 1)] if any(run.pass_assets(n)) else []
+            t = time.perf_counter()
+            if workers > 1 and units:
+                ok = pool.run_all("revision", units)
+            else:
+                ok = all(run.revision(*u) for u in units)  # all() stops at the first failure
+            if not ok:
+                return False
+            if units and workers > 1:
+                print(f"pass {n}: {len(units)} revisions on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
+            if not run.snapshot(n):
+                return False
+    return True
+
+
+def report_failure(result, what: str) -> None:
+    """Print the failed steps and failed blocking checks of a Dagster run result to stderr."""
+    print(f"megacpp run: FAILED at {what}", file=sys.stderr)
+    for ev in result.all_events:
+        if ev.is_step_failure:
+            err = ev.step_failure_data.error
+            cause = err.cause.message if err and err.cause else ""
+            print(f"  step {ev.step_key}: {err.message.strip() if err else ''} {cause.strip()}", file=sys.stderr)
+        elif ev.event_type_value == "ASSET_CHECK_EVALUATION":
+            data = ev.event_specific_data
+            if data is not None and not data.passed:
+                print(f"  check {data.asset_check_key.name} failed on {data.asset_key.to_user_string()}", file=sys.stderr)

@@ -1,0 +1,73 @@
+"""``megacpp run --workers N``: revisions of a pass on worker processes sharing the instance.
+
+Byte-identity of the outputs across worker counts is checked on real input in
+``tests/test_shards.py`` (its many-shard snapshot runs on 2 workers and is compared with
+the session's ``tiny`` run on 1). Here: the default, a worker's output reaching the
+caller, and a failure inside a worker stopping the run with its step named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from tests.conftest import environ, make_data_root
+
+
+def test_default_workers_is_cores_within_memory():
+    from megacpp_assets.run_workers import WORKER_MEMORY, default_workers
+
+    n = default_workers()
+    assert 1 <= n <= len(os.sched_getaffinity(0))
+    with open("/proc/meminfo") as f:
+        avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    assert n == 1 or n <= avail // WORKER_MEMORY
+
+
+def broken_scrub(ctx):
+    """A scrub stage whose compute fails (module level: the workers unpickle it by name)."""
+    raise RuntimeError("scrub broken on purpose")
+
+
+def test_a_failing_step_in_a_worker_stops_the_run(tmp_path, capsys):
+    from dagster import AssetKey, DagsterInstance
+
+    from megacpp_assets.cli import run_snapshot
+    from megacpp_core.stages import STAGES
+
+    stages = tuple(dataclasses.replace(s, compute=broken_scrub) if s.name == "scrub" else s for s in STAGES)
+    root = make_data_root(tmp_path / "root")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    saved = os.environ.get("MEGACPP_DATA_ROOT")
+    with environ(DAGSTER_HOME=str(home)):
+        try:
+            with DagsterInstance.get() as instance:
+                assert run_snapshot("tiny", str(root), instance=instance, stages=stages, workers=2) == 1
+                out, err = capsys.readouterr()
+                # the workers' lines reach this process's stdout/stderr through the queue
+                assert "repo_revision tiny/" in out and "  quality      tiny/" in out
+                assert "megacpp run: FAILED at tiny/" in err and "step scrubbed_files" in err
+                # runs of the workers are the instance's: quality was materialized per shard
+                recs = instance.fetch_materializations(AssetKey("quality_files"), limit=10).records
+                assert recs and all("|" in r.partition_key for r in recs)
+                # the first failure stops the pass: no snapshot step ran
+                assert not instance.fetch_materializations(AssetKey("dedup_decisions"), limit=1).records
+                assert not (root / "snapshots" / "tiny" / "documents").exists()
+        finally:
+            if saved is None:
+                os.environ.pop("MEGACPP_DATA_ROOT", None)
+            else:
+                os.environ["MEGACPP_DATA_ROOT"] = saved
+
+
+def test_workers_must_be_positive(capsys):
+    from megacpp_assets.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--corpus", "tiny", "--workers", "0"])
+    assert e.value.code == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err
