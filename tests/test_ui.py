@@ -4,7 +4,9 @@ Starts ``dagster dev`` (webserver + daemon) on 127.0.0.1 with the ``tiny`` snaps
 partitions registered, opens the asset graph, launches a materialization of one
 ``repo_revision`` partition of ``source_files`` from the UI, waits for the run to
 succeed, then reads an asset check result and a metadata value from the page, and saves
-screenshots under ``data/test-artifacts/``.
+screenshots under ``data/test-artifacts/``. On a materialized ``tiny``: the "unsynced"
+tag of a new code version, the revision × shard grid of a per-document asset, and a
+backfill of the snapshot's revision × shard partitions launched from the UI.
 """
 
 from __future__ import annotations
@@ -199,3 +201,57 @@ def test_revision_by_shard_grid_of_a_per_document_asset(bumped_webserver, fresh_
         expect(row).to_contain_text("18")  # lz4 4.4.5's shard: 18 documents
         page.screenshot(path=str(ARTIFACTS / "ui-shard-grid.png"))
         browser.close()
+
+
+def test_backfill_of_one_snapshot_materializes_its_shard_partitions(bumped_webserver, fresh_tiny):
+    """A backfill launched from the UI on ``shard_job`` (the per-document assets) for the
+    ``tiny`` revisions × every shard: the daemon runs it to completion and every revision ×
+    shard partition of every per-document asset gets a materialization from that backfill."""
+    from dagster import AssetKey, AssetRecordsFilter
+    from dagster._core.execution.backfill import BulkActionStatus
+    from playwright.sync_api import expect, sync_playwright
+
+    _, instance, _ = fresh_tiny
+    shard_assets = ["quality_files", "license_files", "scrubbed_files", "minhash_signatures", "chunked_documents",
+                    "tokenized_documents"]
+    keys = [f"{r}|{s}" for r in instance.get_dynamic_partitions("repo_revision") if r.startswith("tiny/")
+            for s in instance.get_dynamic_partitions("shard")]
+    assert len(keys) == 3  # tiny: three revisions of one shard each
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser, page = _open_page(p)
+        page.goto(f"{bumped_webserver}/locations/tests.ui_bumped_defs:defs/jobs/shard_job", wait_until="networkidle")
+        _dismiss_welcome(page)
+        page.get_by_role("button", name="Materialize all").first.click()
+        dialog = page.locator("[role=dialog]").first
+        expect(dialog.get_by_text("Launch runs to materialize 6 assets")).to_be_visible()
+        # revisions of the one snapshot (the sensor registered every shipped manifest's), every shard
+        dialog.get_by_text("Select a partition or create one").first.click()
+        page.keyboard.type("tiny/")
+        page.get_by_text("Select all (3)").click()
+        page.keyboard.press("Escape")
+        dialog.get_by_role("button", name="All").nth(1).click()
+        expect(dialog.get_by_text("3 partitions", exact=True)).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "ui-backfill-dialog.png"))
+        dialog.get_by_role("button", name="Launch backfill").click()
+        toast = page.get_by_text("Created backfill").first
+        toast.wait_for()
+        backfill_id = toast.inner_text().split()[-1]
+
+        deadline = time.monotonic() + 600
+        while instance.get_backfill(backfill_id).status == BulkActionStatus.REQUESTED:
+            assert time.monotonic() < deadline, "the backfill did not finish in 10 minutes"
+            time.sleep(3)
+        assert instance.get_backfill(backfill_id).status == BulkActionStatus.COMPLETED_SUCCESS
+        page.goto(f"{bumped_webserver}/runs/b/{backfill_id}", wait_until="networkidle")
+        expect(page.get_by_text("Succeeded", exact=True).first).to_be_visible()
+        expect(page.get_by_text("100% completed")).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "ui-backfill.png"))
+        browser.close()
+    for name in shard_assets:
+        for key in keys:
+            recs = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(name), asset_partitions=[key]),
+                                                   limit=1).records
+            assert recs, f"{name} {key}: never materialized"
+            run = instance.get_run_by_id(recs[0].run_id)
+            assert run.tags.get("dagster/backfill") == backfill_id, f"{name} {key}: last materialized outside the backfill"
