@@ -1,11 +1,13 @@
 """Stage 0 — acquire: fetch a pinned source, check its hash, read it safely (SPEC §3).
 
-:func:`acquire_source` is the stage's entry: it dispatches on the source kind —
-``pypi`` and ``archive`` here, ``git`` in :mod:`megacpp_core.acquire_git`, ``local`` in
-:mod:`megacpp_core.acquire_local`, ``debian`` in :mod:`megacpp_core.acquire_debian` — and
-returns the files with their revision (archive sha256, commit sha, local content hash or
-orig tarball sha256). :func:`source_files_table` turns that into the
-``source_files`` table.
+:func:`acquire_source` dispatches on the source kind — ``pypi`` and ``archive`` here,
+``git`` in :mod:`megacpp_core.acquire_git`, ``local`` in :mod:`megacpp_core.acquire_local`,
+``debian`` in :mod:`megacpp_core.acquire_debian` — and returns all the files in memory with
+their revision (archive sha256, commit sha, local content hash or orig tarball sha256).
+:func:`source_files_table` turns files into ``source_files`` rows. The acquire stage does
+not hold a revision: for the kinds fetched as one archive (:data:`ARCHIVE_KINDS`) it calls
+:func:`fetch_archive_source` and streams the archive shard by shard
+(:mod:`megacpp_core.acquire_stream`).
 
 ``pypi`` sources are sdists located through the simple repository API of the package
 indexes that pip on this machine is configured with (``index-url`` first, then each
@@ -15,7 +17,7 @@ checked against the pinned sha256 and stored in a content-addressed cache under 
 root; a cached file is re-hashed and reused without any network access. **Nothing from
 the package is built or executed**: the archive is only read.
 
-Archives are read in memory, never extracted to disk, under the rules of
+Archives are never extracted to disk; they are read under the rules of
 :class:`ArchiveLimits`; any violation raises :class:`UnsafeArchiveError` naming the
 archive, the entry and the rule, and nothing is written for the partition.
 """
@@ -39,6 +41,7 @@ from .archives import (  # noqa: F401  (re-exported: the stage and callers use a
     Acquired,
     AcquireError,
     ArchiveLimits,
+    ArchiveSource,
     FetchedArchive,
     HashMismatchError,
     UnsafeArchiveError,
@@ -237,23 +240,45 @@ def fetch_archive(source: Source, cache_root: Path) -> FetchedArchive:
     return FetchedArchive(dest, want, filename, False, None)
 
 
+#: Source kinds fetched as one archive file (:func:`fetch_archive_source`); the acquire stage
+#: streams them (:mod:`megacpp_core.acquire_stream`).
+ARCHIVE_KINDS = ("pypi", "archive", "git")
+
+
+def fetch_archive_source(source: Source, cache_root: Path) -> ArchiveSource:
+    """Fetch (or reuse) a source of one of :data:`ARCHIVE_KINDS` as one hash-checked archive
+    file in the cache, without reading it: the sdist or archive (members under a single top
+    directory, which readers strip), or the tree tar of a git tag (``cache/git/COMMIT/tree.tar``).
+
+    Raises :class:`AcquireError` (fetch or pin failure, or another kind) and
+    :class:`HashMismatchError`.
+    """
+    if source.kind in ("pypi", "archive"):
+        fetched = fetch_pypi_sdist(source, cache_root) if source.kind == "pypi" else fetch_archive(source, cache_root)
+        return ArchiveSource(fetched.path, fetched.path.name, True, fetched.sha256, fetched.sha256, fetched.filename,
+                             fetched.from_cache, pin_ok=fetched.sha256 == source.sha256)
+    if source.kind == "git":
+        from . import acquire_git
+
+        info, from_cache = acquire_git.fetch_git(source, cache_root)
+        label = f"{source.url}@{source.tag}"
+        return ArchiveSource(Path(cache_root) / info["tar"], label, False, info["commit"], None, label, from_cache)
+    raise AcquireError(f"source {source.name}: kind {source.kind!r} is not read from one archive")
+
+
 def acquire_source(source: Source, cache_root: Path, limits: ArchiveLimits | None = None) -> Acquired:
-    """Fetch (or reuse) a source of any kind and read its files safely.
+    """Fetch (or reuse) a source of any kind and read all its files into memory, safely.
 
     Raises :class:`AcquireError` (fetch or pin failure), :class:`HashMismatchError` or
     :class:`UnsafeArchiveError` (hostile archive, git tree or local directory).
     """
     limits = limits or ArchiveLimits()
-    if source.kind in ("pypi", "archive"):
-        fetched = fetch_pypi_sdist(source, cache_root) if source.kind == "pypi" else fetch_archive(source, cache_root)
-        files = strip_common_root(list(iter_archive(fetched.path, limits)))
+    if source.kind in ARCHIVE_KINDS:
+        arc = fetch_archive_source(source, cache_root)
+        files = list(iter_archive(arc.path, limits, arc.label))
+        files = strip_common_root(files) if arc.strip_root else files
         files.sort(key=lambda x: x[0])
-        return Acquired(files, fetched.sha256, fetched.sha256, fetched.filename, fetched.from_cache,
-                        pin_ok=fetched.sha256 == source.sha256)
-    if source.kind == "git":
-        from . import acquire_git
-
-        return acquire_git.acquire_git(source, cache_root, limits)
+        return Acquired(files, arc.revision, arc.archive_sha256, arc.origin, arc.from_cache, pin_ok=arc.pin_ok)
     if source.kind == "local":
         from . import acquire_local
 
@@ -382,17 +407,26 @@ def source_files_table(snapshot: str, source: Source, acquired: Acquired) -> pa.
 MAX_LICENSE_FILE_BYTES = 1_000_000
 
 
-def license_texts_table(table: pa.Table) -> pa.Table:
-    """The license evidence of a revision: the rows of ``table`` (``source_files``) that
-    are a license file (:func:`megacpp_core.license.is_license_file`, at most
-    :data:`MAX_LICENSE_FILE_BYTES`) or ``debian/copyright``; columns ``path``, ``size``,
-    ``content``."""
+#: Columns of ``license_texts`` (those of :data:`SOURCE_FILES_SCHEMA`).
+LICENSE_TEXTS_SCHEMA = pa.schema([SOURCE_FILES_SCHEMA.field(n) for n in ("path", "size", "content")])
+
+
+def is_license_evidence(path: str, size: int) -> bool:
+    """True for a file of a revision's license evidence: a license file
+    (:func:`megacpp_core.license.is_license_file`) of at most :data:`MAX_LICENSE_FILE_BYTES`
+    bytes, or ``debian/copyright`` (``path`` inside the revision, ``size`` in bytes)."""
     from .dep5 import COPYRIGHT_PATH
     from .license import is_license_file
 
+    return path == COPYRIGHT_PATH or (is_license_file(path) and size <= MAX_LICENSE_FILE_BYTES)
+
+
+def license_texts_table(table: pa.Table) -> pa.Table:
+    """The license evidence of a revision: the rows of ``table`` (``source_files``) that
+    are :func:`is_license_evidence`, in table order; columns ``path``, ``size``,
+    ``content`` (:data:`LICENSE_TEXTS_SCHEMA`)."""
     paths, sizes = table.column("path").to_pylist(), table.column("size").to_pylist()
-    take = [i for i, (p, n) in enumerate(zip(paths, sizes))
-            if p == COPYRIGHT_PATH or (is_license_file(p) and n <= MAX_LICENSE_FILE_BYTES)]
+    take = [i for i, (p, n) in enumerate(zip(paths, sizes)) if is_license_evidence(p, n)]
     return table.select(["path", "size", "content"]).take(pa.array(take, type=pa.int64()))
 
 

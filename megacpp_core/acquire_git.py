@@ -8,8 +8,8 @@ hook, filter, submodule or other code from the repository runs. Submodule entrie
 skipped. The tree is stored as a deterministic tar in the content-addressed cache,
 ``cache/git/COMMIT/tree.tar``, next to ``cache/git/refs/KEY.json`` recording the tag's
 resolution and the tar's sha256; a second run reads both without any network access.
-The tar is then read by :func:`megacpp_core.acquire.iter_archive`, under the same rules
-as any archive.
+The tar is then read (:func:`megacpp_core.acquire.fetch_archive_source`) under the same
+rules as any archive, by :class:`megacpp_core.archives.ArchiveReader`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from .archives import Acquired, AcquireError, ArchiveLimits, _hash_file, iter_archive
+from .archives import AcquireError, _hash_file
 from .manifest import Source
 
 #: ``-c`` options on every git call: no hooks, no external transports, no submodules.
@@ -158,10 +158,3 @@ def fetch_git(source: Source, cache_root: Path) -> tuple[dict, bool]:
     ref.with_name(ref.name + ".part").write_text(json.dumps(info, sort_keys=True))
     os.replace(ref.with_name(ref.name + ".part"), ref)
     return info, False
-
-
-def acquire_git(source: Source, cache_root: Path, limits: ArchiveLimits = ArchiveLimits()) -> Acquired:
-    """Fetch (or reuse) the tag's tree and read its files; revision = the commit sha."""
-    info, from_cache = fetch_git(source, cache_root)
-    files = sorted(iter_archive(Path(cache_root) / info["tar"], limits, f"{source.url}@{source.tag}"), key=lambda x: x[0])
-    return Acquired(files, info["commit"], None, f"{source.url}@{source.tag}", from_cache)

@@ -323,8 +323,10 @@ def _commit(root: DataRoot, d: Dataset, partition: Partition, value: Any) -> lis
                 for w in _commit(root, d, Partition(partition.snapshot, partition.source, shard), v)]
     key = d.key(partition)
     if d.kind is Kind.PARQUET:
+        if isinstance(value, (str, os.PathLike)):  # a parquet file the stage streamed to local scratch
+            return [root.put_file(value, key, move=True)]
         if not isinstance(value, pa.Table):
-            raise StageError(f"output {d.name}: expected a pyarrow.Table, got {type(value).__name__}")
+            raise StageError(f"output {d.name}: expected a pyarrow.Table or a local parquet file, got {type(value).__name__}")
         return [root.write_table(key, value)]
     if d.kind is Kind.JSON:
         return [root.write_json(key, value)]
@@ -357,11 +359,20 @@ def _commit(root: DataRoot, d: Dataset, partition: Partition, value: Any) -> lis
     raise StageError(f"output {d.name}: unknown kind {d.kind}")
 
 
-def _schema_verdict(d: Dataset, value: Any) -> Verdict:
-    """The schema gate of output ``d`` (every shard of a :class:`PerShard` value)."""
-    if not isinstance(value, PerShard):
-        return tuple(d.schema(value))
-    bad = [(k, detail) for k, v in sorted(value.values.items()) for ok, detail in [d.schema(v)] if not ok]
+def _schema_verdict(root: DataRoot, d: Dataset, partition: Partition, value: Any) -> Verdict:
+    """The schema gate of output ``d`` (every shard of a :class:`PerShard` value). A table
+    the compute streamed to a local file is validated as committed, re-read from the data
+    root one file (one shard) at a time."""
+    if isinstance(value, PerShard):
+        return _shards_verdict(root, d, partition, value)
+    if d.kind is Kind.PARQUET and isinstance(value, (str, os.PathLike)):
+        value = root.parquet_file(d.key(partition)).read(use_threads=False)  # no reader threads: memory is one table
+    return tuple(d.schema(value))
+
+
+def _shards_verdict(root: DataRoot, d: Dataset, partition: Partition, value: PerShard) -> Verdict:
+    bad = [(k, detail) for k, v in sorted(value.values.items())
+           for ok, detail in [_schema_verdict(root, d, Partition(partition.snapshot, partition.source, k), v)] if not ok]
     if bad:
         return False, f"shard {bad[0][0]}: {bad[0][1]}" + (f" (and {len(bad) - 1} more shards)" if len(bad) > 1 else "")
     return True, f"{len(value.values)} shard(s) valid"
@@ -436,7 +447,7 @@ def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
                 checks[gate.__name__] = (False, f"gate raised {type(e).__name__}: {e}")
         for d in stage.outputs:
             if d.schema is not None:
-                checks[d.schema_check] = _schema_verdict(d, result.outputs[d.name])
+                checks[d.schema_check] = _schema_verdict(root, d, partition, result.outputs[d.name])
     figures = dict(result.figures)
     figures["wall_seconds"] = round(time.perf_counter() - t0, 3)
     if shards is None or partition.shard in shards:

@@ -54,7 +54,7 @@ class Partitioning(enum.Enum):
 class Kind(enum.Enum):
     """What a dataset is stored as."""
 
-    PARQUET = "parquet"   # one parquet file; the compute returns a ``pyarrow.Table``
+    PARQUET = "parquet"   # one parquet file; the compute returns a ``pyarrow.Table`` (or a local parquet file)
     JSON = "json"         # one JSON file; the compute returns a JSON-serializable object
     TEXT = "text"         # one UTF-8 file; the compute returns ``str``
     FILES = "files"       # several files under a directory key; the compute returns :class:`Files`
@@ -175,7 +175,10 @@ class Shards:
 @dataclass(frozen=True)
 class PerShard:
     """The value of a per-shard output written by a per-revision stage (acquire, which
-    decides the shards): ``{shard key: value}`` for every shard of the revision."""
+    decides the shards): ``{shard key: value}`` for every shard of the revision. A value of
+    a parquet dataset is a ``pyarrow.Table`` or the path of a local parquet file the stage
+    streamed (written with :class:`~megacpp_core.tables.ParquetStream` in scratch space
+    such as ``ctx.workdir()``), which the runner moves into place."""
 
     values: dict[str, Any]
 

@@ -59,7 +59,7 @@ def validate_source_files(table: pa_arrow.Table) -> tuple[bool, str]:
     ok, detail = validate_frame(SOURCE_FILES, meta, "source_files")
     if not ok:
         return ok, detail
-    content = table.column("content").to_pylist()
+    content = (v.as_buffer() for v in table.column("content"))  # zero-copy views of the bytes
     bad = [k for k, b, n, h in zip(meta["doc_key"], content, meta["size"], meta["content_sha256"])
            if len(b) != n or hashlib.sha256(b).hexdigest() != h]
     if bad:

@@ -3,50 +3,47 @@
 Per repo revision; this stage decides the revision's shards (:mod:`megacpp_core.sharding`,
 ``settings.shard_bytes``). Outputs: ``source_files`` per shard (one row per file with
 provenance and raw bytes), ``license_texts`` (the revision's license files, which every
-shard's license scan reads) and the ``shard_plan``. The domain logic (kinds, cache, safe extraction) is :mod:`megacpp_core.acquire`;
-nothing from the source is built or run. A fetch, pin or safe-extraction failure, or a
-source without a single C/C++ file (an empty directory, an archive of other files),
-raises before anything is committed for the partition.
+shard's license scan reads) and the ``shard_plan``. The domain logic (kinds, cache, safe
+extraction) is :mod:`megacpp_core.acquire`; the shards are streamed to local files in
+bounded batches (:mod:`megacpp_core.acquire_stream`: names and sizes first, then the
+contents shard by shard), which the runner commits. Nothing from the source is built or
+run. A fetch, pin or safe-extraction failure, or a source without a single C/C++ file (an
+empty directory, an archive of other files), raises before anything is committed for the
+partition.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from .. import acquire, catalog, sharding
+from .. import acquire, acquire_stream, catalog, sharding
 from ..stage import Partitioning, PerShard, Result, Stage, StageError
 from ..tables import value_counts
 
+
 def compute(ctx) -> Result:
     source = ctx.source
-    acquired = acquire.acquire_source(source, ctx.cache_dir)
-    if not any(acquire.language_of(p) for p, _ in acquired.files):
-        exts = " ".join(sorted(acquire.LANGUAGE_BY_EXTENSION))
-        raise StageError(f"source {source.name!r} ({source.kind} {acquired.origin}) holds no C/C++ file: "
-                         f"{len(acquired.files)} files, none with an extension of {exts}; refused at stage 0")
-    table = acquire.source_files_table(ctx.snapshot, source, acquired)
-    n, shard_of = sharding.assign(table.column("path").to_pylist(), table.column("size").to_pylist(),
-                                  ctx.settings.shard_bytes)
-    shard_col = pa.array(shard_of, type=pa.int32())
-    shards, files, nbytes = {}, [], []
-    for i in range(n):
-        part = table.filter(pc.equal(shard_col, i))
-        shards[sharding.shard_key(i)] = part
-        files.append(part.num_rows)
-        nbytes.append(int(pc.sum(part.column("size")).as_py() or 0))
-    revision = table.column("revision")[0].as_py() if table.num_rows else ""
-    plan = sharding.plan(source.name, revision, ctx.settings.shard_bytes, n, files, nbytes)
+    work = ctx.workdir("acquire-")
+    with acquire_stream.open_tree(source, ctx.cache_dir, work / "spill") as (tree, got):
+        if not any(acquire.language_of(p) for p in tree.paths):
+            exts = " ".join(sorted(acquire.LANGUAGE_BY_EXTENSION))
+            raise StageError(f"source {source.name!r} ({source.kind} {got.origin}) holds no C/C++ file: "
+                             f"{len(tree.paths)} files, none with an extension of {exts}; refused at stage 0")
+        shards = acquire_stream.write_shards(tree, ctx.snapshot, source, got, ctx.settings.shard_bytes, work / "shards")
+        license_texts = acquire_stream.license_texts(tree)
+        languages = value_counts(pa.array([acquire.language_of(p) for p in tree.paths], pa.string()))
+        files, nbytes = len(tree.paths), sum(tree.sizes)
+    plan = sharding.plan(source.name, got.revision, ctx.settings.shard_bytes, shards.n, shards.shard_files,
+                         shards.shard_bytes)
     figures = {
         "source": source.name, "kind": source.kind, "version": source.version,
-        "archive": acquired.origin, "revision": acquired.revision,
-        "archive_sha256": acquired.archive_sha256 or acquired.revision,
-        "from_cache": acquired.from_cache, "pin_ok": acquired.pin_ok, "source_pin": source.settings_key(),
-        "files": table.num_rows, "bytes": int(pc.sum(table.column("size")).as_py() or 0),
-        "languages": value_counts(table.column("language")),
-        "shards": n, "shard_bytes": ctx.settings.shard_bytes, "largest_shard_bytes": max(nbytes),
+        "archive": got.origin, "revision": got.revision,
+        "archive_sha256": got.archive_sha256 or got.revision,
+        "from_cache": got.from_cache, "pin_ok": got.pin_ok, "source_pin": source.settings_key(),
+        "files": files, "bytes": nbytes, "languages": languages,
+        "shards": shards.n, "shard_bytes": ctx.settings.shard_bytes, "largest_shard_bytes": max(shards.shard_bytes),
     }
-    return Result({"source_files": PerShard(shards), "license_texts": acquire.license_texts_table(table), "shard_plan": plan},
+    return Result({"source_files": PerShard(dict(shards.files)), "license_texts": license_texts, "shard_plan": plan},
                   figures)
 
 
