@@ -83,8 +83,8 @@ def _call(method: str, *args):
 
 
 class WorkerPool:
-    """``n`` spawned processes, each holding ``factory(*args)``; :meth:`run_all` calls a method
-    of that object for each unit. Use as a context manager (the workers end on exit)."""
+    """``n`` spawned processes, each holding ``factory(*args)``; :meth:`run_units` calls its
+    methods for units of work. Use as a context manager (the workers end on exit)."""
 
     def __init__(self, n: int, factory: Callable, args: tuple):
         ctx = multiprocessing.get_context("spawn")
@@ -105,22 +105,30 @@ class WorkerPool:
             out.write(text)
             out.flush()
 
-    def run_all(self, method: str, units: Iterable[tuple]) -> bool:
-        """Call ``method(*unit)`` on the workers for every unit, at most ``n`` at once; True
-        when every call returned True. After the first False (or exception) no further unit
-        starts; the running ones finish. An exception is printed and counts as False."""
+    def run_units(self, units: Iterable[tuple[str, tuple]],
+                  done: Callable[[str, tuple, object], tuple[bool, list[tuple[str, tuple]]]]) -> bool:
+        """Run ``(method, args)`` units on the workers, at most ``n`` at once. After each,
+        ``done(method, args, result)`` (in this process) says whether it succeeded and which
+        units it releases; released units start before the ones queued earlier (depth
+        first). True when every unit succeeded; after the first failure (or exception) no
+        further unit starts and the running ones finish. An exception is printed."""
         pending = list(units)[::-1]
-        running, ok = set(), True
+        running: dict = {}
+        ok = True
         while pending or running:
             while ok and pending and len(running) < self.n:
-                running.add(self._pool.submit(_call, method, *pending.pop()))
-            done, running = wait(running, return_when=FIRST_COMPLETED)
-            for fut in done:
+                method, args = pending.pop()
+                running[self._pool.submit(_call, method, *args)] = (method, args)
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                method, args = running.pop(fut)
                 try:
-                    ok = bool(fut.result()) and ok
+                    good, more = done(method, args, fut.result())
                 except Exception as e:  # a worker died or raised: report, stop starting units
-                    print(f"megacpp run: worker failed: {type(e).__name__}: {e}", file=sys.stderr)
-                    ok = False
+                    print(f"megacpp run: worker failed in {method}{args}: {type(e).__name__}: {e}", file=sys.stderr)
+                    good, more = False, []
+                ok = ok and good
+                pending += more[::-1]
             if not ok:
                 pending = []
         return ok

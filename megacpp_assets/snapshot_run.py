@@ -2,12 +2,13 @@
 
 Per pass (:func:`megacpp_core.stages.phases`): for every revision its ``early`` assets
 (one ``revision_job`` run), its shards (one ``shard_job`` run per out-of-date shard), its
-``late`` assets; then the snapshot assets of the pass (one ``snapshot_job`` run). The
-revisions of a pass are independent, so with ``workers`` > 1 they run on worker processes
-(:class:`megacpp_assets.run_workers.WorkerPool`), each opening the same Dagster instance;
-the snapshot steps run in the calling process once every revision of the pass is done.
-Outputs do not depend on the number of workers or on the order revisions finish in
-(``tests/test_run_workers.py``).
+``late`` assets; then the snapshot assets of the pass (one ``snapshot_job`` run). These
+units depend only on their own revision (:class:`PassUnits`), so with ``workers`` > 1 they
+run on worker processes (:class:`megacpp_assets.run_workers.WorkerPool`) as soon as their
+revision allows — the shards of one large revision spread over every worker — each
+worker opening the same Dagster instance; the snapshot steps run in the calling process
+once every unit of the pass is done. Outputs do not depend on the number of workers or on
+the order units finish in (``tests/test_shards.py``).
 """
 
 from __future__ import annotations
@@ -93,30 +94,40 @@ class SnapshotRun:
             early, late = early + late, []
         return early, shard, late
 
-    def revision(self, n: int, i: int) -> bool:
-        """Pass ``n`` for source ``i`` (1-based): its early assets, its out-of-date shards, its late assets."""
-        early, shard, late = self.pass_assets(n)
-        source = self.manifest.sources[i - 1]
-        tag = f"[{i}/{self.n_sources}]"
-        part = Partition(self.manifest.name, source.name)
-        if early and not self._materialize(self.revision_job, part, early, f"{tag} repo_revision"):
-            return False
-        if shard:
-            shards = register_shards(self.instance, self.root, self.manifest.name, source.name)
-            current = 0
-            for k in shards:
-                spart = Partition(self.manifest.name, source.name, k)
-                todo = self._out_of_date(spart, shard)
-                if not todo:
-                    current += 1  # one summary line below, not one per shard
-                    continue
-                if not self._materialize(self.shard_job, spart, shard, f"{tag}   shard {k} of {len(shards)}", todo=todo):
-                    return False
-            if current:
-                print(f"{tag}   {self.manifest.name}/{source.name}: shards {current} of {len(shards)} current; skipped")
-        if late and not self._materialize(self.revision_job, part, late, f"{tag} repo_revision", say_skip=not early):
-            return False
-        return True
+    def _tag(self, i: int) -> str:
+        return f"[{i}/{self.n_sources}]"
+
+    def early(self, n: int, i: int) -> bool:
+        """Pass ``n``, source ``i`` (1-based): its early per-revision assets (acquire …)."""
+        early, _, _ = self.pass_assets(n)
+        part = Partition(self.manifest.name, self.manifest.sources[i - 1].name)
+        return not early or self._materialize(self.revision_job, part, early, f"{self._tag(i)} repo_revision")
+
+    def shard_keys(self, i: int) -> list[str]:
+        """The shard keys of source ``i``'s plan (registered as ``shard`` partitions)."""
+        return register_shards(self.instance, self.root, self.manifest.name, self.manifest.sources[i - 1].name)
+
+    def shard(self, n: int, i: int, k: str, count: int) -> str:
+        """Pass ``n``: the out-of-date shard assets of shard ``k`` (of ``count``) of source ``i``;
+        ``"ran"``, ``"current"`` (nothing to do; summarized per revision) or ``"failed"``."""
+        _, shard, _ = self.pass_assets(n)
+        spart = Partition(self.manifest.name, self.manifest.sources[i - 1].name, k)
+        todo = self._out_of_date(spart, shard)
+        if not todo:
+            return "current"
+        ok = self._materialize(self.shard_job, spart, shard, f"{self._tag(i)}   shard {k} of {count}", todo=todo)
+        return "ran" if ok else "failed"
+
+    def late(self, n: int, i: int) -> bool:
+        """Pass ``n``, source ``i``: its late per-revision assets (those reading its shards)."""
+        early, _, late = self.pass_assets(n)
+        part = Partition(self.manifest.name, self.manifest.sources[i - 1].name)
+        return not late or self._materialize(self.revision_job, part, late, f"{self._tag(i)} repo_revision",
+                                             say_skip=not early)
+
+    def pass_units(self, n: int) -> "PassUnits":
+        """The units of pass ``n`` and their order constraints (:class:`PassUnits`)."""
+        return PassUnits(self, n)
 
     # -- the snapshot steps of a pass (the calling process) ------------------------------
 
@@ -146,9 +157,86 @@ class SnapshotRun:
         return result.success
 
 
+class PassUnits:
+    """The work of one pass as units a worker runs — ``early(i)``, ``shard(i, k)`` for every
+    shard of revision ``i``, ``late(i)`` — released in dependency order: a revision's shards
+    once its early assets are done (its plan then names them), its late assets once its last
+    shard is done. Nothing waits on a revision it does not depend on, so the shards of the
+    largest revision spread over every worker. Shard units are released before further
+    early units (depth first), and larger shards first (the plan's bytes)."""
+
+    def __init__(self, run: SnapshotRun, n: int):
+        self.run, self.n = run, n
+        self.early, self.shard, self.late = (bool(x) for x in run.pass_assets(n))
+        self._left: dict[int, int] = {}
+        self._current: dict[int, int] = {}
+        self._count: dict[int, int] = {}
+
+    def first(self) -> list[tuple]:
+        """The units that can start now."""
+        out = []
+        for i in range(1, self.run.n_sources + 1):
+            if self.early:
+                out.append(("early", (self.n, i)))
+            else:
+                out += self._after_early(i)
+        return out
+
+    def _after_early(self, i: int) -> list[tuple]:
+        if not self.shard:
+            return [("late", (self.n, i))] if self.late else []
+        keys = self.run.shard_keys(i)
+        self._left[i], self._current[i], self._count[i] = len(keys), 0, len(keys)
+        if not keys:
+            return [("late", (self.n, i))] if self.late else []
+        sizes = _shard_bytes(self.run, i)
+        keys = sorted(keys, key=lambda k: (-sizes.get(k, 0), k))
+        return [("shard", (self.n, i, k, len(keys))) for k in keys]
+
+    def done(self, method: str, args: tuple, result) -> tuple[bool, list[tuple]]:
+        """``(ok, units released)`` after ``method(*args)`` returned ``result``."""
+        i = args[1]
+        if method == "early":
+            return bool(result), (self._after_early(i) if result else [])
+        if method == "late":
+            return bool(result), []
+        if result == "failed":
+            return False, []
+        self._current[i] += result == "current"
+        self._left[i] -= 1
+        if self._left[i]:
+            return True, []
+        if self._current[i]:
+            name = f"{self.run.manifest.name}/{self.run.manifest.sources[i - 1].name}"
+            print(f"{self.run._tag(i)}   {name}: shards {self._current[i]} of {self._count[i]} current; skipped")
+        return True, [("late", (self.n, i))] if self.late else []
+
+
+def _shard_bytes(run: SnapshotRun, i: int) -> dict[str, int]:
+    """``{shard key: bytes}`` of source ``i``'s plan (``megacpp_core.sharding.plan``); the
+    plan exists: :meth:`SnapshotRun.shard_keys` read it first."""
+    from megacpp_core import sharding
+
+    plan = run.root.read_json(layout.shard_plan_key(run.manifest.name, run.manifest.sources[i - 1].name))
+    return dict(zip(sharding.shard_keys(plan), plan.get("bytes") or []))
+
+
+def _run_in_process(run: SnapshotRun, units: PassUnits) -> bool:
+    """The units of a pass one after another in this process, depth first (the order of
+    the 1-worker run: a revision's early assets, its shards, its late assets, the next)."""
+    stack = units.first()[::-1]
+    while stack:
+        method, args = stack.pop()
+        ok, more = units.done(method, args, getattr(run, method)(*args))
+        if not ok:
+            return False
+        stack += more[::-1]
+    return True
+
+
 def run_passes(run: SnapshotRun, workers: int) -> bool:
-    """Every pass of ``run``: revisions on ``workers`` processes (1: this one), then the
-    snapshot steps here. False at the first failure (the failure is printed)."""
+    """Every pass of ``run``: its units (:class:`PassUnits`) on ``workers`` processes (1:
+    this one), then the snapshot steps here. False at the first failure (printed)."""
     from contextlib import nullcontext
 
     from .run_workers import WorkerPool
@@ -157,7 +245,6 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
         print("megacpp run: an ephemeral Dagster instance cannot be shared with workers; running with 1",
               file=sys.stderr)
         workers = 1
-    workers = min(workers, run.n_sources)
     pool = (WorkerPool(workers, SnapshotRun.in_worker,
                        (str(run.manifest.path), run.root.url, run.instance.get_ref(), run.rerun, run.stages_arg))
             if workers > 1 else nullcontext())
@@ -165,16 +252,13 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
         for n, ph in enumerate(run.passes, 1):
             if len(run.passes) > 1:
                 print(f"pass {n}/{len(run.passes)}: {', '.join(s.name for s in ph.stages)}", flush=True)
-            units = [(n, i) for i in range(1, run.n_sources + 1)] if any(run.pass_assets(n)) else []
             t = time.perf_counter()
-            if workers > 1 and units:
-                ok = pool.run_all("revision", units)
-            else:
-                ok = all(run.revision(*u) for u in units)  # all() stops at the first failure
+            units = run.pass_units(n)
+            ok = pool.run_units(units.first(), units.done) if workers > 1 else _run_in_process(run, units)
             if not ok:
                 return False
-            if units and workers > 1:
-                print(f"pass {n}: {len(units)} revisions on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
+            if workers > 1:
+                print(f"pass {n}: revisions and shards on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
             if not run.snapshot(n):
                 return False
     return True
