@@ -14,10 +14,22 @@ largest over its partitions), ``seconds`` (sum), ``partitions`` and ``mb_per_s``
 slice's raw MB over the step's seconds); then per step ``rss_growth_x16`` = peak RSS at
 ×16 / peak RSS at ×1 (the issue's bound: ≤ 1.25, and every peak ≤ 2 GiB).
 
+The tokenizer's memory is set by ``tokenizer_sample_bytes`` (it trains on a deterministic
+sample of at most that many bytes of kept text; default 256 MiB), not by the corpus. On
+small slices the sample is the whole kept text, so its memory grows with the slice until
+the cap: ``--tokenizer-sample-mb`` sets the setting for every slice to a value below the
+×1 slice's kept text, so every slice trains on a sample of the same size and the growth
+shown is what the corpus adds beyond the sample. Each slice's ``tokenizer_training_mb``
+(the sample's size) is printed with it. Without the flag the manifest's setting is used.
+
+Steps other than acquire run only when named in ``--steps``; the upstream steps of the
+named ones must have run on the slices (name them on the first invocation, e.g.
+``--steps quality,license,scrub,minhash,lsh_bands_00_07,lsh_bands_07_14,dedup,tokenizer``).
+
 Usage::
 
     python bench/scale.py [--corpus xl] [--base-mb 4] [--shard-mb 64] [--data-root /tmp/scale]
-                          [--factors 1,4,16] [--steps quality,minhash,...]
+                          [--factors 1,4,16] [--steps quality,minhash,...] [--tokenizer-sample-mb 1]
 """
 
 from __future__ import annotations
@@ -75,10 +87,15 @@ def source_bytes(manifest_path: str, cache: Path) -> list[tuple[str, int]]:
     return out
 
 
-def slice_manifest(base: dict, names: list[str], name: str, shard_bytes: int, path: Path) -> Path:
+def slice_manifest(base: dict, names: list[str], name: str, shard_bytes: int, path: Path,
+                   tokenizer_sample_bytes: int | None = None) -> Path:
+    """Write the manifest of one slice: ``base`` restricted to the sources ``names``, with
+    ``shard_bytes`` (and ``tokenizer_sample_bytes`` when given) set."""
     m = dict(base)
     m["name"] = name
     m["settings"] = {**(base.get("settings") or {}), "shard_bytes": shard_bytes}
+    if tokenizer_sample_bytes is not None:
+        m["settings"]["tokenizer_sample_bytes"] = tokenizer_sample_bytes
     m["sources"] = [s for s in base["sources"] if s["name"] in names]
     path.write_text(yaml.safe_dump(m, sort_keys=False))
     return path
@@ -129,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-mb", type=float, default=64.0)
     ap.add_argument("--factors", default="1,4,16")
     ap.add_argument("--steps", default="", help="comma-separated stage names to measure (default: all)")
+    ap.add_argument("--tokenizer-sample-mb", type=float, default=None,
+                    help="tokenizer_sample_bytes of every slice, in MiB (default: the manifest's)")
     ap.add_argument("--data-root", default="/tmp/megacpp-scale")
     ap.add_argument("--cache", default=os.environ.get("MEGACPP_CACHE_DIR", "data/cache"))
     a = ap.parse_args(argv)
@@ -145,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (root / "cache").exists():
         (root / "cache").symlink_to(Path(a.cache).resolve(), target_is_directory=True)
     only = set(filter(None, a.steps.split(","))) or None
-    out: dict = {"corpus": a.corpus, "base_mb": a.base_mb, "shard_mb": a.shard_mb, "slices": {}}
+    sample_bytes = None if a.tokenizer_sample_mb is None else int(a.tokenizer_sample_mb * 1024 * 1024)
+    out: dict = {"corpus": a.corpus, "base_mb": a.base_mb, "shard_mb": a.shard_mb,
+                 "tokenizer_sample_mb": a.tokenizer_sample_mb, "slices": {}}
     for k in (int(x) for x in a.factors.split(",")):
         names, total = [], 0
         for name, n in sizes:
@@ -155,12 +176,16 @@ def main(argv: list[str] | None = None) -> int:
             total += n
         if total < k * a.base_mb * 1e6:
             raise SystemExit(f"corpus {a.corpus} has {total / 1e6:.1f} MB, less than ×{k} of {a.base_mb} MB")
-        path = slice_manifest(base, names, f"scale-x{k}", int(a.shard_mb * 1024 * 1024), root / f"scale-x{k}.yaml")
+        path = slice_manifest(base, names, f"scale-x{k}", int(a.shard_mb * 1024 * 1024), root / f"scale-x{k}.yaml",
+                              sample_bytes)
         print(f"×{k}: {len(names)} sources, {total / 1e6:.1f} MB", file=sys.stderr, flush=True)
         steps = run_slice(path, root, only)
         for s in steps.values():
             s["mb_per_s"] = round(total / 1e6 / s["seconds"], 3) if s["seconds"] else None
         out["slices"][f"x{k}"] = {"sources": names, "raw_mb": round(total / 1e6, 2), "steps": steps}
+        if "tokenizer" in steps:
+            info = json.loads((root / "snapshots" / f"scale-x{k}" / "tokenizer" / "tokenizer_manifest.json").read_text())
+            out["slices"][f"x{k}"]["tokenizer_training_mb"] = round(info["training_bytes"] / 2**20, 3)
     fs = list(out["slices"])
     first, last = out["slices"][fs[0]]["steps"], out["slices"][fs[-1]]["steps"]
     out[f"rss_growth_{fs[-1]}_over_{fs[0]}"] = {s: round(last[s]["peak_rss_mb"] / first[s]["peak_rss_mb"], 3)

@@ -32,8 +32,13 @@ Every dropped record names ``kept_twin``, a record that is kept (a drop whose fi
 was dropped by a later pass follows it to that twin's kept record), and ``jaccard``, the
 128-permutation estimate to the kept twin (1.0 for a byte-identical copy).
 
-Memory: shingle hashes are computed per batch of texts (:data:`minhash.BATCH_BYTES`) and
-only one ``uint32[num_perm]`` signature (512 bytes) plus LSH band keys are kept per file.
+Memory: the passes run on columns (:func:`deduplicate_columns`): the documents' strings
+stay in arrow arrays, the signatures in one ``uint32[n, num_perm]`` matrix (512 bytes per
+file) and the per-file state (keep order, source and sha256 codes, kind, twin, Jaccard) in
+numpy arrays indexed by keep order; the LSH index is built one band at a time (one
+``uint64`` key per file). Shingle hashes are computed per batch of texts
+(:data:`minhash.BATCH_BYTES`), and only for the files that need them. :func:`deduplicate`
+is the same on a list of :class:`DedupRecord` (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -42,15 +47,18 @@ import functools
 import hashlib
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from datasketch import MinHash, MinHashLSH
 
 from . import minhash as mh
+from .dedup_tables import CROSS, EXACT, KEPT, NEAR, DedupTables, build_tables, take_rows
 
 #: Keep-policy rank of each license class, lower kept first (SPEC §4 keep policy:
 #: "license class, then source order, then path"; classes from the stage-2 license gate).
@@ -203,8 +211,8 @@ def cross_source_candidates(sig: np.ndarray, source_ids: np.ndarray, band_lo: in
     read), ``source_ids`` ``int[n]``. Empty signatures never pair. Returns ``int64[m, 2]``
     row-index pairs (``i < j``, sorted, unique, different sources). The union over band
     ranges covering ``[0, CROSS_BANDS)`` equals the one-range result."""
-    keys = mh.band_keys(sig, rows, band_lo, band_hi)
-    return mh.candidate_pairs(keys, group=np.asarray(source_ids), cross_group=True, skip=mh.is_empty(sig))
+    return mh.band_pairs(sig, rows, band_lo, band_hi, group=np.asarray(source_ids), cross_group=True,
+                         skip=mh.is_empty(sig))
 
 
 def _lsh_report(bands: int, rows: int) -> dict:
@@ -212,95 +220,119 @@ def _lsh_report(bands: int, rows: int) -> dict:
             "candidate_probability": {str(j): round(mh.candidate_probability(j, bands, rows), 6) for j in REPORT_JACCARD}}
 
 
-def deduplicate(
-    records: Sequence[DedupRecord],
+def keep_order_indices(docs: pa.Table) -> np.ndarray:
+    """``int64[n]``: the rows of ``docs`` in keep order, ascending ``(LICENSE_RANK[license_class],
+    source_order, path, doc_key)`` (strings compare as UTF-8 bytes, i.e. code points, as
+    Python does). ``docs`` needs those four columns. Raises ``ValueError`` naming the first
+    row (input order) whose ``license_class`` is not in :data:`LICENSE_RANK`."""
+    names = sorted(LICENSE_RANK, key=LICENSE_RANK.get)
+    pos = pc.index_in(docs.column("license_class"), value_set=pa.array(names, pa.string()))
+    if pos.null_count:
+        bad = int(np.flatnonzero(pc.is_null(pos).to_numpy(zero_copy_only=False))[0])
+        raise ValueError(f"{docs.column('doc_key')[bad].as_py()}: unknown license_class "
+                         f"{docs.column('license_class')[bad].as_py()!r}, expected one of {sorted(LICENSE_RANK)}")
+    rank = np.array([LICENSE_RANK[x] for x in names], np.int64)[pos.to_numpy()]
+    key = pa.table({"r": rank, "s": docs.column("source_order"), "p": docs.column("path"), "k": docs.column("doc_key")})
+    return pc.sort_indices(key, sort_keys=[(c, "ascending") for c in "rspk"]).to_numpy().astype(np.int64)
+
+
+def _codes(col) -> np.ndarray:
+    """``int64[n]``: equal values of the string column ``col`` get equal codes."""
+    col = pa.chunked_array([col]) if isinstance(col, pa.Array) else col
+    return pc.index_in(col, value_set=pc.unique(col)).to_numpy().astype(np.int64)
+
+
+def _first_of_code(code: np.ndarray) -> np.ndarray:
+    """``int64[n]``: for each row, the first row holding its code."""
+    if code.size == 0:
+        return np.zeros(0, np.int64)
+    _, first = np.unique(code, return_index=True)
+    return first.astype(np.int64)[code]
+
+
+def deduplicate_columns(
+    docs: pa.Table,
+    sig: np.ndarray | None = None,
+    have_sig: np.ndarray | None = None,
+    cross_pairs: np.ndarray | None = None,
     num_perm: int = 128,
     threshold: float = 0.7,
     shingle_k: int = 5,
     seed: int = 1,
-    signatures: Mapping[str, np.ndarray] | None = None,
-    cross_pairs: Sequence[tuple[str, str]] | None = None,
     verify_exact: bool = True,
     load_texts: Callable[[set[str]], Iterator[tuple[str, str]]] | None = None,
-) -> DedupResult:
-    """Exact, near (within source) and cross-source dedup of ``records`` (module doc).
+) -> DedupTables:
+    """Exact, near (within source) and cross-source dedup of the documents of ``docs``
+    (module doc), holding per-document state in columns only.
 
-    Defaults are the SPEC §4 figures: 128 permutations, Jaccard 0.7, 5-token shingles;
-    the cross-source pass uses the first 112 signature values as 14 × 8 bands.
-    ``signatures`` optionally maps ``doc_key`` to a precomputed ``uint32[num_perm]``
-    signature (the per-revision ``minhash_signatures`` asset); missing ones are computed.
-    ``cross_pairs`` optionally gives the cross-source candidate pairs as doc_key pairs
-    (the merged band-range steps); pairs naming unknown keys are ignored. The result
-    depends only on the set of records (and pairs), not their order.
+    ``docs`` has ``doc_key``, ``source``, ``path``, ``license_class``, ``content_sha256``
+    (strings, no nulls) and ``source_order`` (int); one row per document, any order (rows
+    already in keep order, see :func:`keep_order_indices`, are not copied). ``sig`` is
+    ``uint32[n, num_perm]`` aligned with the rows (None: every signature computed);
+    ``have_sig`` ``bool[n]`` marks the rows whose signature is given (default all): the
+    others are computed from their texts and written into ``sig`` in place when the rows
+    are in keep order. ``cross_pairs`` ``int[m, 2]`` are cross-source candidate pairs as
+    row indices of ``docs`` (None: computed from ``sig``). ``load_texts(doc_keys)`` yields
+    ``(doc_key, text)`` for the records whose signature is missing or that are in a
+    candidate pair whose estimate reaches the threshold (the exact-Jaccard check keeps
+    their shingle-hash sets, ``uint32`` each, not the texts).
 
-    With ``verify_exact`` (default), a pair confirmed by the MinHash estimate is dropped
-    or merged only when the exact Jaccard of the two sets of 32-bit shingle hashes is
-    also ≥ ``threshold`` (the false-positive check of candidate-verification dedup
-    pipelines): the estimate's standard error is √(J(1−J)/p) ≈ 0.04 at J = 0.7,
-    p = 128, so without it pairs at J ≈ 0.65 would be dropped. Rejections are counted in
-    ``near_rejected_by_exact`` and ``cross_rejected_by_exact``.
-
-    ``load_texts(doc_keys)`` yields ``(doc_key, text)`` for the records given without
-    text: only those whose signature is missing, or that are in a candidate pair whose
-    estimate reaches the threshold (the exact-Jaccard verification keeps their shingle-hash
-    set, not the text). Records without text must carry ``content_sha256``.
+    Memory per document: the signature row (4 bytes per permutation), the arrow strings,
+    and about a hundred bytes of numpy columns (keep order, codes, kind, twin, Jaccard);
+    the LSH index is built one band at a time (8 + 8 bytes per document). Returns
+    :class:`DedupTables`; decisions equal those of :func:`deduplicate` on the same records.
 
     Raises ``ValueError`` on a duplicate ``doc_key``, a ``license_class`` not in
-    :data:`LICENSE_RANK`, ``num_perm < CROSS_NUM_PERM`` or a precomputed signature of the
-    wrong shape; ``UnicodeEncodeError`` for a text holding lone surrogates.
+    :data:`LICENSE_RANK`, a null ``content_sha256``, ``num_perm < CROSS_NUM_PERM``, a
+    ``sig`` or ``cross_pairs`` of the wrong shape or range, texts needed without
+    ``load_texts`` or a loader that misses some; ``UnicodeEncodeError`` for a text holding
+    lone surrogates.
     """
-    seen: set[str] = set()
-    for r in records:
-        if r.doc_key in seen:
-            raise ValueError(f"duplicate doc_key {r.doc_key!r}")
-        if r.license_class not in LICENSE_RANK:
-            raise ValueError(
-                f"{r.doc_key}: unknown license_class {r.license_class!r}, expected one of {sorted(LICENSE_RANK)}"
-            )
-        seen.add(r.doc_key)
+    n = docs.num_rows
+    keys = docs.column("doc_key")
+    if n and pc.count_distinct(keys).as_py() != n:
+        dup = np.flatnonzero(_first_of_code(_codes(keys)) != np.arange(n))[0]
+        raise ValueError(f"duplicate doc_key {keys[int(dup)].as_py()!r}")
+    perm = keep_order_indices(docs)
     if num_perm < CROSS_NUM_PERM:
         raise ValueError(f"num_perm must be >= {CROSS_NUM_PERM} for the cross-source pass, got {num_perm}")
-    order = sorted(records, key=keep_key)
-    n = len(order)
-    index = {r.doc_key: i for i, r in enumerate(order)}
-    for r in order:
-        if r.text is None and (r.content_sha256 is None or load_texts is None):
-            raise ValueError(f"{r.doc_key}: no text, and no content_sha256 and text loader to stand in for it")
-    sha = [r.content_sha256 or hashlib.sha256(r.text.encode("utf-8")).hexdigest() for r in order]
+    if docs.column("content_sha256").null_count:
+        raise ValueError("content_sha256 has nulls")
+    in_order = bool(np.array_equal(perm, np.arange(n)))
+    cols = {c: (docs.column(c) if in_order else docs.column(c).take(pa.array(perm))).combine_chunks()
+            for c in ("doc_key", "source", "content_sha256")}
+    keys = cols["doc_key"]
+    if sig is None:
+        sig, have = np.empty((n, num_perm), dtype=np.uint32), np.zeros(n, dtype=bool)
+    else:
+        sig = np.asarray(sig, dtype=np.uint32)
+        if sig.shape != (n, num_perm):
+            raise ValueError(f"signatures of shape {sig.shape}, expected ({n}, {num_perm})")
+        have = np.ones(n, dtype=bool) if have_sig is None else np.asarray(have_sig, dtype=bool)
+        if not in_order:
+            sig, have = sig[perm], have[perm]
 
-    def texts_of(idx: Iterable[int]) -> Iterator[tuple[int, str]]:
-        """``(index, text)`` of records ``idx``: given texts first, the rest from the loader."""
-        want = {}
-        for i in idx:
-            if order[i].text is not None:
-                yield i, order[i].text
-            else:
-                want[order[i].doc_key] = i
+    def texts_of(idx: Sequence[int]) -> Iterator[tuple[int, str]]:
+        """``(index, text)`` of the records ``idx`` (keep order), from the loader."""
+        if not len(idx):
+            return
+        if load_texts is None:
+            raise ValueError(f"texts of {len(idx)} records are needed, first {keys[int(idx[0])].as_py()}, "
+                             "and no text loader was given")
+        want = dict(zip(take_rows(keys, np.asarray(idx, dtype=np.int64)).to_pylist(), idx))
+        for key, text in load_texts(set(want)):
+            if key in want:
+                yield want.pop(key), text
         if want:
-            for key, text in load_texts(set(want)):
-                if key in want:
-                    yield want.pop(key), text
-            if want:
-                raise ValueError(f"the text loader did not return {len(want)} records, first {next(iter(want))}")
+            raise ValueError(f"the text loader did not return {len(want)} records, first {next(iter(want))}")
 
-    # Signatures (keep order), precomputed where given.
-    sig = np.empty((n, num_perm), dtype=np.uint32)
-    missing = []
-    for i, r in enumerate(order):
-        got = None if signatures is None else signatures.get(r.doc_key)
-        if got is None:
-            missing.append(i)
-        else:
-            got = np.asarray(got, dtype=np.uint32)
-            if got.shape != (num_perm,):
-                raise ValueError(f"{r.doc_key}: signature shape {got.shape}, expected ({num_perm},)")
-            sig[i] = got
+    missing = np.flatnonzero(~have).tolist()
     if missing:
         got = dict(texts_of(missing))
         sig[missing] = mh.signatures([got.pop(i) for i in missing], num_perm=num_perm, seed=seed, k=shingle_k)
     empty = mh.is_empty(sig)
-    sources = {}
-    src = np.array([sources.setdefault(r.source, len(sources)) for r in order], dtype=np.int64)
+    src = _codes(cols["source"])
+    sha = _codes(cols["content_sha256"])
 
     # Exact Jaccard of two records over their sets of 32-bit shingle hashes (verification).
     hash_sets: dict[int, np.ndarray] = {}
@@ -320,21 +352,15 @@ def deduplicate(
         return inter / (a.size + b_.size - inter) if a.size + b_.size else 1.0
 
     # Pass 1, exact: twin[i] is the index (keep order) of the record i was dropped for.
-    twin: list[int | None] = [None] * n
-    kind: list[str | None] = [None] * n
-    first_with: dict[str, int] = {}
-    for i, h in enumerate(sha):
-        if h in first_with:
-            twin[i], kind[i] = first_with[h], "exact"
-        else:
-            first_with[h] = i
+    twin = _first_of_code(sha)
+    kind = np.where(twin != np.arange(n), EXACT, KEPT).astype(np.int8)
+    twin[kind == KEPT] = -1
 
     # Pass 2, near within a source, greedy in keep order against kept records only.
     b, r_ = near_lsh_params(threshold, num_perm)
-    alive = np.array([k is None for k in kind], dtype=bool) & ~empty
-    near_pairs = mh.candidate_pairs(mh.band_keys(sig, r_, 0, b), group=src, cross_group=False, skip=~alive)
+    near_pairs = mh.band_pairs(sig, r_, 0, b, group=src, cross_group=False, skip=(kind != KEPT) | empty)
     if verify_exact and len(near_pairs):
-        p = np.asarray(near_pairs)
+        p = near_pairs
         est_ok = np.concatenate([(sig[p[a:a + 65536, 0]] == sig[p[a:a + 65536, 1]]).mean(axis=1) >= threshold
                                  for a in range(0, len(p), 65536)])
         prefetch(p[est_ok])
@@ -344,7 +370,7 @@ def deduplicate(
     for j in sorted(earlier):
         best: tuple[float, int] | None = None
         for i in earlier[j]:
-            if kind[i] is not None:
+            if kind[i] != KEPT:
                 continue
             est = float((sig[i] == sig[j]).mean())
             if est < threshold:
@@ -355,17 +381,23 @@ def deduplicate(
             if best is None or (est, -i) > (best[0], -best[1]):
                 best = (est, i)
         if best is not None:
-            twin[j], kind[j] = best[1], "near"
+            twin[j], kind[j] = best[1], NEAR
 
     # Pass 3, cross-source: union-find over confirmed candidate pairs among survivors.
     if cross_pairs is None:
         cand = cross_source_candidates(sig, src)
     else:
-        idx = [(index[a], index[b_]) for a, b_ in cross_pairs if a in index and b_ in index]
-        cand = mh.merge_pairs([np.sort(np.array(idx, dtype=np.int64).reshape(-1, 2), axis=1)])
+        cp = np.asarray(cross_pairs, dtype=np.int64).reshape(-1, 2)
+        if len(cp) and (cp.min() < 0 or cp.max() >= n):
+            raise ValueError(f"cross_pairs name rows outside [0, {n})")
+        if not in_order:
+            inv = np.empty(n, dtype=np.int64)
+            inv[perm] = np.arange(n)
+            cp = inv[cp]
+        cand = mh.merge_pairs([np.sort(cp, axis=1)])
         cand = cand[src[cand[:, 0]] != src[cand[:, 1]]] if len(cand) else cand
     csig = sig[:, :CROSS_NUM_PERM]
-    alive = np.array([k is None for k in kind], dtype=bool) & ~empty
+    alive = (kind == KEPT) & ~empty
     cand = cand[alive[cand[:, 0]] & alive[cand[:, 1]]] if len(cand) else cand
     est = mh.estimate_jaccard(csig, cand[:, 0], cand[:, 1]) if len(cand) else np.zeros(0)
     confirmed = cand[est >= threshold] if len(cand) else cand
@@ -374,60 +406,33 @@ def deduplicate(
         ok = np.array([exact_j(i, j) >= threshold for i, j in confirmed.tolist()], dtype=bool)
         rejected["cross_source"] = int((~ok).sum())
         confirmed = confirmed[ok]
-    uf = mh.UnionFind(n)
-    for i, j in confirmed.tolist():
+    nodes = np.unique(confirmed)  # union-find over the confirmed pairs' records only
+    uf = mh.UnionFind(nodes.size)
+    for i, j in np.searchsorted(nodes, confirmed).tolist():
         uf.union(i, j)
     cross_groups = uf.groups()
     below = 0
     for root, members in cross_groups.items():  # root = smallest index = first in keep order
-        for m in members[1:]:
-            twin[m], kind[m] = root, "cross_source"
-            below += bool((csig[m] == csig[root]).mean() < threshold)
+        r0 = int(nodes[root])
+        for m in nodes[members[1:]].tolist():
+            twin[m], kind[m] = r0, CROSS
+            below += bool((csig[m] == csig[r0]).mean() < threshold)
 
-    # Resolve every drop to a kept record and estimate its Jaccard to it.
-    jac: list[float | None] = [None] * n
-    for i in range(n):
-        if kind[i] is None:
-            continue
-        t = twin[i]
-        while kind[t] is not None:
-            t = twin[t]
-        twin[i] = t
-        jac[i] = 1.0 if sha[i] == sha[t] else float((sig[i] == sig[t]).mean())
+    # Resolve every drop to a kept record (twins point earlier in keep order) and
+    # estimate its Jaccard to it (1.0 for a byte-identical copy).
+    dropped = np.flatnonzero(kind != KEPT)
+    while len(dropped) and (hop := kind[twin[dropped]] != KEPT).any():
+        twin[dropped[hop]] = twin[twin[dropped[hop]]]
+    jac = np.full(n, np.nan)
+    same = sha[dropped] == sha[twin[dropped]]
+    jac[dropped[same]] = 1.0
+    rest = dropped[~same]
+    for a in range(0, len(rest), 65536):
+        part = rest[a:a + 65536]
+        jac[part] = mh.estimate_jaccard(sig, part, twin[part])
 
-    # Cluster ids: ordinal of the kept member (keep order) among groups of >= 2 records.
-    members_of: dict[int, list[int]] = {}
-    for i in range(n):
-        if twin[i] is not None:
-            members_of.setdefault(twin[i], []).append(i)
-    cluster_of_kept = {k: c for c, k in enumerate(sorted(members_of))}
-
-    decisions = []
-    for i, rec in enumerate(order):
-        kept = kind[i] is None
-        decisions.append(
-            {
-                "doc_key": rec.doc_key,
-                "keep": kept,
-                "dup_kind": kind[i],
-                "kept_twin": None if kept else order[twin[i]].doc_key,
-                "jaccard": jac[i],
-                "cluster_id": cluster_of_kept.get(i if kept else twin[i], -1),
-                "content_sha256": sha[i],
-            }
-        )
-    decisions.sort(key=lambda d: d["doc_key"])
-
-    clusters = []
-    for k, cid in cluster_of_kept.items():
-        group = [k] + members_of[k]
-        for i in group:
-            clusters.append({"cluster_id": cid, "cluster_size": len(group), "doc_key": order[i].doc_key,
-                             "source": order[i].source, "is_kept": i == k, "kept_doc_key": order[k].doc_key,
-                             "dup_kind": kind[i], "jaccard_to_kept": 1.0 if i == k else jac[i]})
-    largest = sorted(cluster_of_kept.items(), key=lambda kc: (-(len(members_of[kc[0]]) + 1), kc[1]))[:10]
-
-    exact_removed, near_removed, cross_removed = kind.count("exact"), kind.count("near"), kind.count("cross_source")
+    decisions, clusters, cluster_figures = build_tables(keys, cols["source"], cols["content_sha256"], kind, twin, jac)
+    exact_removed, near_removed, cross_removed = (int((kind == k).sum()) for k in (EXACT, NEAR, CROSS))
     rate = (lambda x: round(x / n, 6)) if n else (lambda x: 0.0)
     near_rep, cross_rep = _lsh_report(b, r_), _lsh_report(CROSS_BANDS, CROSS_ROWS)
     figures = {
@@ -439,7 +444,7 @@ def deduplicate(
         "exact_removal_rate": rate(exact_removed),
         "near_removal_rate": rate(near_removed),
         "cross_source_removal_rate": rate(cross_removed),
-        "clusters": len(cluster_of_kept),
+        "clusters": cluster_figures["clusters"],
         "num_perm": num_perm,
         "threshold": threshold,
         "shingle_k": shingle_k,
@@ -460,10 +465,84 @@ def deduplicate(
         "cross_rejected_by_exact": rejected["cross_source"],
         "cross_source_clusters": len(cross_groups),
         "cross_source_below_threshold": below,
-        "largest_clusters": [{"cluster_id": cid, "size": len(members_of[k]) + 1, "kept": order[k].doc_key,
-                              "members": [order[i].doc_key for i in members_of[k]]} for k, cid in largest],
+        "largest_clusters": cluster_figures["largest_clusters"],
     }
-    return DedupResult(decisions=decisions, figures=figures, clusters=clusters)
+    return DedupTables(decisions, clusters, figures)
+
+
+def deduplicate(
+    records: Sequence[DedupRecord],
+    num_perm: int = 128,
+    threshold: float = 0.7,
+    shingle_k: int = 5,
+    seed: int = 1,
+    signatures: Mapping[str, np.ndarray] | None = None,
+    cross_pairs: Sequence[tuple[str, str]] | None = None,
+    verify_exact: bool = True,
+    load_texts: Callable[[set[str]], Iterator[tuple[str, str]]] | None = None,
+) -> DedupResult:
+    """Exact, near (within source) and cross-source dedup of ``records`` (module doc):
+    :func:`deduplicate_columns` on the records' columns, for callers holding records.
+
+    Defaults are the SPEC §4 figures: 128 permutations, Jaccard 0.7, 5-token shingles;
+    the cross-source pass uses the first 112 signature values as 14 × 8 bands.
+    ``signatures`` optionally maps ``doc_key`` to a precomputed ``uint32[num_perm]``
+    signature (the per-revision ``minhash_signatures`` asset); missing ones are computed.
+    ``cross_pairs`` optionally gives the cross-source candidate pairs as doc_key pairs
+    (the merged band-range steps); pairs naming unknown keys are ignored. The result
+    depends only on the set of records (and pairs), not their order.
+
+    With ``verify_exact`` (default), a pair confirmed by the MinHash estimate is dropped
+    or merged only when the exact Jaccard of the two sets of 32-bit shingle hashes is
+    also ≥ ``threshold`` (the false-positive check of candidate-verification dedup
+    pipelines): the estimate's standard error is √(J(1−J)/p) ≈ 0.04 at J = 0.7,
+    p = 128, so without it pairs at J ≈ 0.65 would be dropped. Rejections are counted in
+    ``near_rejected_by_exact`` and ``cross_rejected_by_exact``.
+
+    ``load_texts(doc_keys)`` yields ``(doc_key, text)`` for the records given without
+    text: only those whose signature is missing, or that are in a candidate pair whose
+    estimate reaches the threshold. Records without text must carry ``content_sha256``.
+
+    Raises ``ValueError`` on a duplicate ``doc_key``, a ``license_class`` not in
+    :data:`LICENSE_RANK`, ``num_perm < CROSS_NUM_PERM`` or a precomputed signature of the
+    wrong shape; ``UnicodeEncodeError`` for a text holding lone surrogates.
+    """
+    for r in records:
+        if r.text is None and (r.content_sha256 is None or load_texts is None):
+            raise ValueError(f"{r.doc_key}: no text, and no content_sha256 and text loader to stand in for it")
+    docs = pa.table({
+        "doc_key": pa.array([r.doc_key for r in records], pa.string()),
+        "source": pa.array([r.source for r in records], pa.string()),
+        "source_order": pa.array([r.source_order for r in records], pa.int64()),
+        "path": pa.array([r.path for r in records], pa.string()),
+        "license_class": pa.array([r.license_class for r in records], pa.string()),
+        "content_sha256": pa.array([r.content_sha256 or hashlib.sha256(r.text.encode("utf-8")).hexdigest()
+                                    for r in records], pa.string()),
+    })
+    n = len(records)
+    sig, have = np.empty((n, num_perm), dtype=np.uint32), np.zeros(n, dtype=bool)
+    for i, r in enumerate(records if signatures is not None else ()):
+        got = signatures.get(r.doc_key)
+        if got is not None:
+            got = np.asarray(got, dtype=np.uint32)
+            if got.shape != (num_perm,):
+                raise ValueError(f"{r.doc_key}: signature shape {got.shape}, expected ({num_perm},)")
+            sig[i], have[i] = got, True
+    pairs = None
+    if cross_pairs is not None:
+        row = {r.doc_key: i for i, r in enumerate(records)}
+        pairs = np.array([(row[a], row[b]) for a, b in cross_pairs if a in row and b in row], np.int64).reshape(-1, 2)
+    given = {r.doc_key: r.text for r in records if r.text is not None}
+
+    def texts(keys: set[str]) -> Iterator[tuple[str, str]]:
+        rest = {k for k in keys if k not in given}
+        yield from ((k, given[k]) for k in sorted(keys) if k in given)
+        if rest:
+            yield from load_texts(rest)
+
+    out = deduplicate_columns(docs, sig, have, pairs, num_perm=num_perm, threshold=threshold, shingle_k=shingle_k,
+                              seed=seed, verify_exact=verify_exact, load_texts=texts)
+    return DedupResult(decisions=out.decisions.to_pylist(), figures=out.figures, clusters=out.clusters.to_pylist())
 
 
 def raw_source_records(manifest, cache, names: Sequence[str] | None = None) -> list[DedupRecord]:

@@ -39,12 +39,13 @@ def kept_keys(decisions: pa.Table) -> pa.Array:
 
 
 def iter_kept(refs: Iterable, keys: pa.Array, columns: list[str] | None = None) -> Iterator[pa.Table]:
-    """The kept rows of each scrubbed shard (``refs``: input references with ``read``), one
-    shard at a time; ``columns`` must include ``doc_key`` when given."""
+    """The kept rows of each scrubbed shard (``refs``: input references with
+    ``iter_batches``), one shard at a time, filtered record batch by record batch (the
+    whole shard is never held); ``columns`` must include ``doc_key`` when given."""
     for ref in refs:
-        t = ref.read(columns=columns)
-        if t.num_rows:
-            yield t.filter(pc.is_in(t.column("doc_key"), value_set=keys))
+        batches = [b.filter(pc.is_in(b.column("doc_key"), value_set=keys)) for b in ref.iter_batches(columns)]
+        if batches:
+            yield pa.Table.from_batches(batches)
 
 
 def keep_order(table: pa.Table) -> pa.Table:
@@ -105,13 +106,31 @@ def kept_table(refs: Iterable, decisions: pa.Table, columns: list[str] | None = 
     return keep_order(pa.concat_tables(parts))
 
 
+class TextColumn:
+    """A string column (``pa.Array`` or ``pa.ChunkedArray``) iterated as Python ``str``,
+    ``batch`` rows converted at a time: only the arrow column is held, and every
+    ``iter()`` starts over (so a trainer can read it twice). ``len()`` is the row count."""
+
+    def __init__(self, column: pa.Array | pa.ChunkedArray, batch: int = 256):
+        self.column, self.batch = column, batch
+
+    def __len__(self) -> int:
+        return len(self.column)
+
+    def __iter__(self) -> Iterator[str]:
+        chunks = self.column.chunks if isinstance(self.column, pa.ChunkedArray) else [self.column]
+        for chunk in chunks:
+            for lo in range(0, len(chunk), self.batch):
+                yield from chunk.slice(lo, self.batch).to_pylist()
+
+
 def sample(refs: list, decisions: pa.Table, max_bytes: int) -> pa.Table:
-    """A bounded, deterministic sample of the kept files (``doc_key``, ``text``), in keep
-    order: every kept file when their UTF-8 text totals at most ``max_bytes``; else the
-    files taken in ascending sha256 of their ``doc_key`` while the total stays within
-    ``max_bytes`` (the same files whatever the shard count or the order of work). Two
-    passes over the shards: lengths first, then the chosen texts; memory is one shard plus
-    the sample."""
+    """A bounded, deterministic sample of the kept files (``doc_key`` string, ``text``
+    large_string), in keep order: every kept file when their UTF-8 text totals at most
+    ``max_bytes``; else the files taken in ascending sha256 of their ``doc_key`` while the
+    total stays within ``max_bytes`` (the same files whatever the shard count or the order
+    of work). Two passes over the shards: lengths first, then the chosen texts; memory is
+    one shard plus the sample, held in arrow buffers (no Python string per file)."""
     import hashlib
 
     keys = kept_keys(decisions)
@@ -132,10 +151,10 @@ def sample(refs: list, decisions: pa.Table, max_bytes: int) -> pa.Table:
                 chosen.append(k)
                 used += n
         m = m.filter(pc.is_in(m.column("doc_key"), value_set=pa.array(chosen, pa.string())))
-    order = keep_order(m).column("doc_key")
-    texts = {}
-    for t in iter_kept(refs, order.combine_chunks(), ["doc_key", "text"]):
-        texts.update(zip(t.column("doc_key").to_pylist(), t.column("text").to_pylist()))
-    keys_in_order = order.to_pylist()
-    return pa.table({"doc_key": pa.array(keys_in_order, pa.string()),
-                     "text": pa.array([texts[k] for k in keys_in_order], pa.large_string())})
+    order = keep_order(m).column("doc_key").combine_chunks()
+    del m, meta
+    got = pa.concat_tables(list(iter_kept(refs, order, ["doc_key", "text"]))).combine_chunks()
+    at = pc.index_in(order, value_set=got.column("doc_key").combine_chunks())
+    text = got.column("text").take(at)
+    del got
+    return pa.table({"doc_key": order, "text": text.cast(pa.large_string()).combine_chunks()})

@@ -118,6 +118,10 @@ class SnapshotLayout:
             def read(self, columns=None, filters=None):
                 return pq.read_table(self.path, columns=columns, filters=filters)
 
+            def iter_batches(self, columns=None, batch_size=1024):
+                return pq.ParquetFile(self.path, pre_buffer=False).iter_batches(batch_size, columns=columns,
+                                                                                use_threads=False)
+
         refs = []
         for plan in sorted(self.root.glob("revisions/*/shards.json")):
             for k in sharding.shard_keys(json.loads(plan.read_text())):

@@ -225,9 +225,13 @@ def signatures(texts: Iterable[str], num_perm: int = 128, seed: int = 1, k: int 
     return np.concatenate(out) if len(out) > 1 else out[0]
 
 
-def is_empty(sig: np.ndarray) -> np.ndarray:
-    """``bool[n]``: rows of ``sig`` (``uint32[n, p]``) that are empty signatures."""
-    return np.all(sig == EMPTY, axis=1)
+def is_empty(sig: np.ndarray, block: int = 8192) -> np.ndarray:
+    """``bool[n]``: rows of ``sig`` (``uint32[n, p]``) that are empty signatures (compared
+    ``block`` rows at a time, so the transient is ``block × p`` bytes, not ``n × p``)."""
+    out = np.empty(sig.shape[0], dtype=bool)
+    for lo in range(0, sig.shape[0], block):
+        out[lo:lo + block] = np.all(sig[lo:lo + block] == EMPTY, axis=1)
+    return out
 
 
 def estimate_jaccard(sig: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
@@ -262,11 +266,10 @@ def band_keys(sig: np.ndarray, rows: int, band_lo: int, band_hi: int) -> np.ndar
     if not 0 <= band_lo <= band_hi or band_hi * rows > p:
         raise ValueError(f"bands [{band_lo}, {band_hi}) x {rows} rows do not fit {p} permutations")
     keys = np.empty((n, band_hi - band_lo), dtype=np.uint64)
-    s64 = sig.astype(np.uint64)
     for col, beta in enumerate(range(band_lo, band_hi)):
         acc = np.full(n, _U64(beta + 1), dtype=np.uint64)
-        for r in range(rows):
-            acc = _splitmix64(acc * _U64(Q_SHINGLE) + s64[:, beta * rows + r])
+        for r in range(rows):  # one uint64 column at a time, not a uint64 copy of ``sig``
+            acc = _splitmix64(acc * _U64(Q_SHINGLE) + sig[:, beta * rows + r].astype(np.uint64))
         keys[:, col] = acc
     return keys
 
@@ -302,6 +305,17 @@ def candidate_pairs(keys: np.ndarray, group: np.ndarray | None = None, cross_gro
         same = group[pairs[:, 0]] == group[pairs[:, 1]]
         pairs = pairs[~same] if cross_group else pairs[same]
     return pairs
+
+
+def band_pairs(sig: np.ndarray, rows: int, band_lo: int, band_hi: int, group: np.ndarray | None = None,
+               cross_group: bool = False, skip: np.ndarray | None = None) -> np.ndarray:
+    """:func:`candidate_pairs` of :func:`band_keys` ``(sig, rows, band_lo, band_hi)``, the
+    same ``int64[m, 2]`` array, with the keys of one band at a time (``8`` bytes per row
+    instead of ``8 × bands``). Raises ``ValueError`` when the bands do not fit ``sig``."""
+    if not 0 <= band_lo <= band_hi or band_hi * rows > sig.shape[1]:
+        raise ValueError(f"bands [{band_lo}, {band_hi}) x {rows} rows do not fit {sig.shape[1]} permutations")
+    return merge_pairs(candidate_pairs(band_keys(sig, rows, beta, beta + 1), group, cross_group, skip)
+                       for beta in range(band_lo, band_hi))
 
 
 def merge_pairs(parts: Iterable[np.ndarray]) -> np.ndarray:

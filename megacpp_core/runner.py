@@ -102,6 +102,10 @@ class InputRef:
     def parquet_file(self):
         return self._root.parquet_file(self.key)
 
+    def iter_batches(self, columns: list[str] | None = None, batch_size: int = 1024) -> Iterator[pa.RecordBatch]:
+        """Record batches decoded one at a time on this thread (:meth:`DataRoot.iter_batches`)."""
+        return self._root.iter_batches(self.key, columns=columns, batch_size=batch_size)
+
     def schema(self) -> pa.Schema:
         return self._root.read_schema(self.key)
 

@@ -255,6 +255,21 @@ class DataRoot:
         with self.fs.open(self.path(key), "rb") as f:
             return pq.read_table(f, columns=columns, filters=filters)
 
+    def iter_batches(self, key: str, columns: list[str] | None = None, batch_size: int = 1024) -> Iterator[pa.RecordBatch]:
+        """Record batches (``batch_size`` rows, only ``columns`` when given) of the parquet
+        file under ``key``, decoded one at a time on the calling thread: no thread pool and,
+        on a local root, no pre-buffering of the row group, so memory is one batch and the
+        decoder's buffers. For readers that stream the texts of many files (dedup's
+        candidate texts, the tokenizer's sample): :meth:`read_table` decodes on arrow's
+        thread pool, whose allocator caches grow with the number of files read. Raises
+        ``FileNotFoundError`` when ``key`` is missing."""
+        if not self.exists(key):
+            raise self._missing(key)
+        with contextlib.ExitStack() as stack:
+            src = self.path(key) if self.is_local else stack.enter_context(self.fs.open(self.path(key), "rb"))
+            pf = stack.enter_context(pq.ParquetFile(src, pre_buffer=not self.is_local))
+            yield from pf.iter_batches(batch_size=batch_size, columns=columns, use_threads=False)
+
     def read_schema(self, key: str) -> pa.Schema:
         """The arrow schema of the parquet file under ``key`` (with its ``megacpp.*`` metadata)."""
         return self.parquet_file(key).schema_arrow

@@ -92,6 +92,8 @@ CODE_PATTERN = (
     r"| ?[^\s\p{L}\p{N}_]+(?:\s+(?!\S))?"
     r"|\s+(?!\S)|\s+"
 )
+#: Characters of identifier lines counted at a time by :func:`measure_morphemes`.
+MORPHEME_CHUNK = 1 << 22
 #: Identifiers (optionally ``::``-qualified prefix) counted when measuring seed morphemes.
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:::)?")
 
@@ -221,11 +223,27 @@ def measure_morphemes(texts: Iterable[str], morphemes: Iterable[str]) -> dict[st
     """``{morpheme: hits}``: occurrences of each morpheme inside the identifiers of ``texts``.
 
     Identifiers are ``[A-Za-z_][A-Za-z0-9_]*`` with an optional trailing ``::`` (so
-    ``std::`` is counted from qualified names); overlapping hits inside one identifier are
-    not double counted (``str.count`` semantics).
+    ``std::`` is counted from qualified names), one per line; overlapping hits inside one
+    identifier are not double counted (``str.count`` semantics). The lines are counted
+    :data:`MORPHEME_CHUNK` characters at a time (no hit spans a newline, unless a
+    morpheme holds one or is empty: then in one piece).
     """
-    stream = "\n".join("\n".join(_IDENT.findall(t)) for t in texts)
-    return {m: stream.count(m) for m in morphemes}
+    morphemes = list(morphemes)
+    counts = dict.fromkeys(morphemes, 0)
+    chunk = None if any(not m or "\n" in m for m in morphemes) else MORPHEME_CHUNK
+    lines: list[str] = []
+    size = 0
+    for t in texts:
+        lines.append("\n".join(_IDENT.findall(t)))
+        size += len(lines[-1]) + 1
+        if chunk is not None and size >= chunk:
+            stream, lines, size = "\n".join(lines), [], 0
+            for m in counts:
+                counts[m] += stream.count(m)
+    stream = "\n".join(lines)
+    for m in counts:
+        counts[m] += stream.count(m)
+    return counts
 
 
 class TokenizerMismatchError(ValueError):
@@ -323,7 +341,9 @@ def train_tokenizer(
     ``hybrid=True`` (default) builds the SPEC §4 layout: specials, the fixed bands of
     :data:`BANDS_VERSION`, then BPE seeded (``seed=True``) with the morphemes measured on
     ``texts``. ``hybrid=False`` is a pure byte-level BPE with only the specials (baseline).
-    ``texts`` is read into a list (it is scanned twice). When the corpus yields fewer
+    ``texts`` is scanned twice and streamed into the trainer: a list, or any collection
+    iterated again from the start (:class:`megacpp_core.kept.TextColumn`); a one-shot
+    iterator is read into a list first. When the corpus yields fewer
     merges than needed, the remaining IDs become ``<RESERVED_BPE_i>`` special tokens and a
     warning is logged on ``megacpp.tokenizer``. Deterministic: same texts, same JSON bytes.
 
@@ -333,7 +353,8 @@ def train_tokenizer(
     _check_vocab_size(vocab_size)
     if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
         raise ValueError(f"min_frequency must be an int >= 1, got {min_frequency!r}")
-    texts = list(texts)
+    if iter(texts) is texts:
+        texts = list(texts)
     bands = load_bands() if hybrid else []
     fixed = [t for b in bands for t in b.tokens]
     seeds: dict[str, int] = {}
@@ -341,8 +362,13 @@ def train_tokenizer(
         hits = measure_morphemes(texts, load_seed_morphemes())
         seeds = {m: n for m, n in hits.items() if n >= SEED_MIN_HITS}
 
+    seen = [0, 0]  # training documents, their UTF-8 bytes
+
     def stream() -> Iterable[str]:
-        yield from texts
+        for t in texts:
+            seen[0] += 1
+            seen[1] += len(t.encode("utf-8"))
+            yield t
         for m, n in seeds.items():  # whole-word occurrences, one per line: merges inside m come early
             yield "\n".join([m] * n)
 
@@ -374,7 +400,7 @@ def train_tokenizer(
         raise RuntimeError(f"vocab size {tok.get_vocab_size(with_added_tokens=True)} != {vocab_size}")
     tok.encode_special_tokens = True
     return TokenizerBuild(tok, vocab_size, learned, reserved, band_layout(vocab_size, learned, bands),
-                          min_frequency, len(texts), sum(len(t.encode("utf-8")) for t in texts), merges,
+                          min_frequency, seen[0], seen[1], merges,
                           len(fixed), seeds, hybrid)
 
 

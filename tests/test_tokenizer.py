@@ -229,3 +229,29 @@ def test_training_is_deterministic_across_processes_and_threads(build, tmp_path)
         cwd=Path(__file__).resolve().parents[1],
     )
     assert out.stdout.strip() == T.save_tokenizer(build, tmp_path / "here")["tokenizer_sha256"]
+
+
+def test_training_streams_an_arrow_column_to_the_same_bytes(build, tmp_path):
+    """The stage trains on a TextColumn (arrow strings converted batch by batch, read twice)
+    without a Python list of the sample, and gets the list's tokenizer."""
+    import pyarrow as pa
+
+    from megacpp_core.kept import TextColumn
+
+    col = pa.chunked_array([pa.array(c_corpus()[:123], pa.large_string()), pa.array(c_corpus()[123:], pa.large_string())])
+    texts = TextColumn(col, batch=50)
+    assert len(texts) == 300 and list(texts) == list(texts) == c_corpus()
+    streamed = T.train_tokenizer(texts, vocab_size=VOCAB)
+    assert streamed.tokenizer.to_str() == build.tokenizer.to_str()
+    assert (streamed.documents, streamed.text_bytes) == (build.documents, build.text_bytes) == (
+        300, sum(len(t.encode("utf-8")) for t in c_corpus()))
+
+
+def test_morphemes_are_counted_in_chunks_as_in_one_piece(monkeypatch):
+    texts = c_corpus(40) + ["std::vector<int> init_value; std::init readValue;"] * 3
+    morphemes = ["std::", "init", "value", "Widget", "help", "zzz"]
+    whole = T.measure_morphemes(texts, morphemes)
+    monkeypatch.setattr(T, "MORPHEME_CHUNK", 64)
+    assert T.measure_morphemes(iter(texts), morphemes) == whole and whole["std::"] == 46
+    # a morpheme with a newline or the empty one: counted in one piece ("x\na\nb\ny")
+    assert T.measure_morphemes(["x a", "b y"], ["a\nb", ""]) == {"a\nb": 1, "": 8}

@@ -205,6 +205,31 @@ def test_tiny_every_document_round_trips(tiny_layout):
     assert tiny_layout.read_figures("tokenize")["tokenizer_sha256"] == info["tokenizer_sha256"]
 
 
+def test_tiny_training_sample_is_bounded_in_keep_order_and_held_in_arrow(tiny_layout):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megacpp_core import kept as kept_files
+
+    refs = tiny_layout._shard_refs("scrubbed")
+    decisions = pq.read_table(tiny_layout.stage_dir("dedup") / "decisions.parquet", columns=["doc_key", "keep"])
+    full = tiny_layout.kept_files(["doc_key", "text"])
+    whole = kept_files.sample(refs, decisions, 1 << 40)
+    assert whole.schema.types == [pa.string(), pa.large_string()]
+    assert whole.column("doc_key").to_pylist() == full.column("doc_key").to_pylist()
+    assert whole.column("text").to_pylist() == full.column("text").to_pylist()
+    total = sum(len(t.encode("utf-8")) for t in whole.column("text").to_pylist())
+    part = kept_files.sample(refs, decisions, total // 3)
+    keys = part.column("doc_key").to_pylist()
+    assert 0 < len(keys) < whole.num_rows
+    assert sum(len(t.encode("utf-8")) for t in part.column("text").to_pylist()) <= total // 3
+    order = whole.column("doc_key").to_pylist()
+    assert [order.index(k) for k in keys] == sorted(order.index(k) for k in keys)  # keep order
+    text_of = dict(zip(order, whole.column("text").to_pylist()))
+    assert part.column("text").to_pylist() == [text_of[k] for k in keys]
+    assert kept_files.sample(list(reversed(refs)), decisions, total // 3).equals(part)  # not the shard order
+
+
 def _copy_snapshot(tiny_layout, tmp_path) -> SnapshotLayout:
     dst = tmp_path / "root"
     for stage in ("tokenizer", "documents", "dedup", "revisions"):

@@ -2,9 +2,12 @@
 
 Per snapshot, fanning in from every revision × shard, on bounded summaries: the scrubbed
 shards' metadata and ``content_sha256`` (never the texts), the ``minhash`` signatures and
-the cross-source candidate pairs of every LSH band range. Only the texts of records in a
-candidate pair whose estimate reaches the threshold are streamed (record batches, shard by
-shard) for the exact-Jaccard verification, and only their shingle-hash sets are kept.
+the cross-source candidate pairs of every LSH band range, held as columns: the metadata as
+one arrow table in keep order, the signatures as one ``uint32[n, num_perm]`` matrix, the
+pairs as ``int64[m, 2]`` row indices (:func:`megacpp_core.dedup.deduplicate_columns`).
+Only the texts of records in a candidate pair whose estimate reaches the threshold are
+streamed (record batches, only from the shards holding them) for the exact-Jaccard
+verification, and only their shingle-hash sets are kept.
 Outputs: ``decisions`` (keep/drop per file; a drop names its kept twin) and
 ``duplicate_clusters``; later stages read the kept files shard by shard
 (:mod:`megacpp_core.kept`) in keep order (license rank, source order, path). The rules
@@ -13,71 +16,80 @@ are :mod:`megacpp_core.dedup`.
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from megacpp_checks.schemas import dedup as dedup_schema
 
-from .. import catalog, dedup
+from .. import catalog, dedup, dedup_tables
 from ..signatures import table_signatures
 from ..stage import Partitioning, Result, Stage
 
-DECISIONS_SCHEMA = pa.schema([
-    ("doc_key", pa.string()), ("keep", pa.bool_()), ("dup_kind", pa.string()), ("kept_twin", pa.string()),
-    ("jaccard", pa.float64()), ("cluster_id", pa.int64()), ("content_sha256", pa.string()),
-])
-CLUSTERS_SCHEMA = pa.schema([
-    ("cluster_id", pa.int64()), ("cluster_size", pa.int64()), ("doc_key", pa.string()), ("source", pa.string()),
-    ("is_kept", pa.bool_()), ("kept_doc_key", pa.string()), ("dup_kind", pa.string()), ("jaccard_to_kept", pa.float64()),
-])
+DECISIONS_SCHEMA = dedup_tables.DECISIONS_SCHEMA
+CLUSTERS_SCHEMA = dedup_tables.CLUSTERS_SCHEMA
 
 
 #: Scrubbed columns dedup reads: everything but the text (the exact pass compares
 #: ``content_sha256``; the exact-Jaccard verification streams only candidate texts).
 META_COLUMNS = ["doc_key", "source", "source_order", "path", "license_class", "content_sha256"]
+META_SCHEMA = pa.schema([("doc_key", pa.string()), ("source", pa.string()), ("source_order", pa.int32()),
+                         ("path", pa.string()), ("license_class", pa.string()), ("content_sha256", pa.string())])
+
+
+def _rows(keys: pa.Array, of: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """``int64[len(of)]``: the position of each of ``of`` in ``keys``, -1 when absent."""
+    return pc.fill_null(pc.index_in(of, value_set=keys), -1).to_numpy().astype(np.int64)
 
 
 def compute(ctx) -> Result:
+    """The snapshot's ``decisions`` and ``duplicate_clusters`` (module doc); raises
+    ``ValueError`` from :func:`megacpp_core.dedup.deduplicate_columns` on bad input."""
     s = ctx.settings
     shards = ctx.inputs("scrubbed")
     metas = [ref.read(columns=META_COLUMNS) for ref in shards]
-    docs = pa.concat_tables(metas) if metas else pa.table({c: pa.array([], pa.string()) for c in META_COLUMNS})
-    d = docs.to_pydict()
-    records = [dedup.DedupRecord(doc_key=d["doc_key"][i], source=d["source"][i], source_order=d["source_order"][i],
-                                 path=d["path"][i], license_class=d["license_class"][i], text=None,
-                                 content_sha256=d["content_sha256"][i])
-               for i in range(docs.num_rows)]
-    del d
+    docs = pa.concat_tables(metas) if metas else META_SCHEMA.empty_table()
+    # Every column in keep order, so the passes see one signature matrix they need not permute.
+    perm = dedup.keep_order_indices(docs)
+    shard_of = np.repeat(np.arange(len(metas), dtype=np.int32), [m.num_rows for m in metas])[perm]
+    docs = docs.take(pa.array(perm)).combine_chunks()
+    del metas, perm
+    keys = docs.column("doc_key").chunk(0) if docs.num_rows else pa.array([], pa.string())
     texts_read = [0]
 
-    def load_texts(keys: set[str]):
-        """Stream ``(doc_key, text)`` of ``keys`` shard by shard (record batches)."""
-        value_set = pa.array(sorted(keys), pa.string())
-        for ref in shards:
-            for batch in ref.parquet_file().iter_batches(batch_size=1024, columns=["doc_key", "text"]):
+    def load_texts(want: set[str]):
+        """Stream ``(doc_key, text)`` of ``want`` (record batches), reading only the shards
+        that hold them."""
+        value_set = pa.array(sorted(want), pa.string())
+        for i in np.unique(shard_of[pc.is_in(keys, value_set=value_set).to_numpy(zero_copy_only=False)]).tolist():
+            for batch in shards[i].iter_batches(["doc_key", "text"]):
                 hit = batch.filter(pc.is_in(batch.column(0), value_set=value_set))
                 texts_read[0] += hit.num_rows
                 yield from zip(hit.column(0).to_pylist(), hit.column(1).to_pylist())
 
-    sigs = {}
+    sig = np.empty((docs.num_rows, s.minhash_num_perm), dtype=np.uint32)
+    have = np.zeros(docs.num_rows, dtype=bool)
     for ref in ctx.inputs("minhash"):
-        keys, sig = table_signatures(ref.read(), ref.uri)
-        if len(keys) and sig.shape[1] == s.minhash_num_perm:
-            sigs.update(zip(keys, sig))
-    cross_pairs = []
+        t = ref.read()
+        _, shard_sig = table_signatures(t, ref.uri)
+        if t.num_rows and shard_sig.shape[1] == s.minhash_num_perm:
+            at = _rows(keys, t.column("doc_key"))
+            sig[at[at >= 0]] = shard_sig[at >= 0]
+            have[at[at >= 0]] = True
+        del t, shard_sig
+    cross_pairs = [np.zeros((0, 2), np.int64)]
     for lo, hi in catalog.LSH_PAIRS:
         t = ctx.input(catalog.LSH_PAIRS[(lo, hi)].name).read()
-        cross_pairs += list(zip(t.column("doc_key_a").to_pylist(), t.column("doc_key_b").to_pylist()))
-    result = dedup.deduplicate(records, num_perm=s.minhash_num_perm, threshold=s.minhash_threshold, shingle_k=s.shingle_k,
-                               signatures=sigs, cross_pairs=cross_pairs, load_texts=load_texts)
-    decisions = pa.Table.from_pylist(result.decisions, schema=DECISIONS_SCHEMA)
-    clusters = pa.Table.from_pylist(result.clusters, schema=CLUSTERS_SCHEMA)
+        ab = np.stack((_rows(keys, t.column("doc_key_a")), _rows(keys, t.column("doc_key_b"))), axis=1)
+        cross_pairs.append(ab[(ab >= 0).all(axis=1)])  # pairs naming unknown keys are ignored
+    result = dedup.deduplicate_columns(docs, sig, have, np.concatenate(cross_pairs), num_perm=s.minhash_num_perm,
+                                       threshold=s.minhash_threshold, shingle_k=s.shingle_k, load_texts=load_texts)
     figures = dict(result.figures)
-    figures["signatures_precomputed"] = len(sigs) == docs.num_rows
+    figures["signatures_precomputed"] = bool(have.all())
     figures["cross_pairs_from_band_steps"] = True
     figures["texts_read_for_verification"] = texts_read[0]
     figures["shards_in"] = len(shards)
-    return Result({"decisions": decisions, "duplicate_clusters": clusters}, figures)
+    return Result({"decisions": result.decisions, "duplicate_clusters": result.clusters}, figures)
 
 
 def each_drop_names_kept_twin(g):

@@ -24,8 +24,8 @@ from ..stage import Partitioning, Result, Stage, StageError
 def compute(ctx) -> Result:
     kept = kept_files.sample(ctx.inputs("scrubbed"), ctx.input("decisions").read(columns=["doc_key", "keep"]),
                              ctx.settings.tokenizer_sample_bytes)
-    texts = kept.column("text").to_pylist()
-    if not texts:
+    texts = kept_files.TextColumn(kept.column("text"))  # streamed: no Python copy of the sample
+    if not len(texts):
         raise StageError(f"snapshot {ctx.snapshot!r}: no file is left after quality, license, scrub and dedup "
                          "(the kept set is empty), so there is nothing to train a tokenizer on or to pack; "
                          "see the exclusions and license decisions of its revisions")
@@ -55,7 +55,7 @@ def compute(ctx) -> Result:
         raise StageError(f"tokenizer round trip fails on {len(failures)} documents, first {failures[0]}")
     fixed = tk.SPECIAL_TOKENS + (tk.fixed_tokens() if fixed_count else [])
     figures = {"vocab_size": vocab_size, "fixed": fixed_count, "learned": learned, "reserved": reserved,
-               "sha256": info["tokenizer_sha256"], "bands": bands, "training_documents": len(texts),
+               "sha256": info["tokenizer_sha256"], "bands": bands, "training_documents": kept.num_rows,
                "pinned": pin is not None, "seed_morphemes": len(info.get("seed_morphemes") or {}),
                "ids_in_vocab": tok.get_vocab_size(with_added_tokens=True),
                "fixed_at_ids": all(tok.token_to_id(t) == i for i, t in enumerate(fixed)),

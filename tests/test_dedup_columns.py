@@ -1,0 +1,124 @@
+"""Stage 4 on columns (megacpp_core.dedup.deduplicate_columns): the per-document state is
+numpy/arrow columns, not Python objects (a tracemalloc bound per document), the
+signature matrix is not copied when the rows come in keep order, and the decisions
+equal the record API's whatever the row order."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import tracemalloc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from megacpp_core import minhash as mh
+from megacpp_core.dedup import DedupRecord, deduplicate, deduplicate_columns, keep_order_indices
+from megacpp_core.dedup_tables import CLUSTERS_SCHEMA, DECISIONS_SCHEMA
+
+#: Bytes of traced (Python and numpy) memory per document that deduplicate_columns may
+#: allocate beyond its inputs: numpy columns of a few int64 each (about 110 measured). A
+#: ``{doc_key: index}`` dict alone adds about 130, a record object or a decision dict more.
+BYTES_PER_DOC = 192
+
+
+def synthetic_docs(n: int, seed: int = 0) -> tuple[pa.Table, np.ndarray]:
+    """``n`` documents of four sources (a fifth are exact copies) and random signatures."""
+    rng = np.random.default_rng(seed)
+    src = np.sort(rng.integers(0, 4, n))
+    content = rng.integers(0, int(n * 0.8), n)
+    pool = rng.integers(0, 2**32 - 1, (int(n * 0.8), 128), dtype=np.uint32)
+    keys = [f"s{s}/dir{i % 31}/f{i:06d}.c" for i, s in enumerate(src.tolist())]
+    docs = pa.table({"doc_key": keys, "source": [f"s{s}" for s in src.tolist()], "source_order": pa.array(src, pa.int32()),
+                     "path": [k.split("/", 1)[1] for k in keys],
+                     "license_class": [("permissive", "gpl2")[i % 7 == 0] for i in range(n)],
+                     "content_sha256": [f"{x:064x}" for x in content.tolist()]})
+    return docs, pool[content]
+
+
+def test_per_document_state_is_columns_not_python_objects():
+    n = 20_000
+    docs, sig = synthetic_docs(n)
+    perm = keep_order_indices(docs)
+    docs, sig = docs.take(pa.array(perm)).combine_chunks(), sig[perm]  # the stage's order
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        out = deduplicate_columns(docs, sig, cross_pairs=np.zeros((0, 2), np.int64))
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert out.figures["files_in"] == n and out.figures["exact_removed"] > n // 10
+    assert peak / n < BYTES_PER_DOC, f"{peak / n:.0f} traced bytes per document"
+    assert isinstance(out.decisions, pa.Table) and out.decisions.schema == DECISIONS_SCHEMA
+    assert isinstance(out.clusters, pa.Table) and out.clusters.schema == CLUSTERS_SCHEMA
+    assert out.decisions.num_rows == n and out.decisions.column("doc_key").num_chunks == 1
+
+
+def test_signatures_in_keep_order_are_used_in_place():
+    docs, sig = synthetic_docs(500)
+    perm = keep_order_indices(docs)
+    docs, sig = docs.take(pa.array(perm)), np.ascontiguousarray(sig[perm])
+    have = np.ones(len(sig), bool)
+    have[3] = False  # computed from its text and written into the caller's matrix
+    texts = {docs.column("doc_key")[3].as_py(): "int main(void) { return 0; }"}
+    deduplicate_columns(docs, sig, have, np.zeros((0, 2), np.int64), load_texts=lambda keys: iter(texts.items()))
+    assert np.array_equal(sig[3], mh.signatures(["int main(void) { return 0; }"])[0])
+
+
+def test_columns_equal_records_in_any_row_order():
+    rng = random.Random(3)
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu"]
+    base = [" ".join(rng.choice(words) + f"_{i}_{k}" for k in range(60)) for i in range(12)]
+    recs = []
+    for i in range(60):
+        t = base[i % 12]
+        if i % 4 == 1:
+            t = t.replace("_3", f"_v{i}", 1)  # near copy
+        s = rng.randrange(3)
+        recs.append(DedupRecord(f"src{s}/f{i:02d}.c", f"src{s}", s, f"f{i % 7}.c",
+                                rng.choice(["permissive", "gpl2", "weak_copyleft"]), t))
+    key_pairs = [(a.doc_key, b.doc_key) for a in recs for b in recs if a.doc_key < b.doc_key]  # all candidates
+    want = deduplicate(recs, cross_pairs=key_pairs)
+    assert want.figures["exact_removed"] and want.figures["near_removed"] and want.figures["cross_source_removed"]
+    texts = {r.doc_key: r.text for r in recs}
+    for _ in range(3):
+        rng.shuffle(recs)
+        docs = pa.table({"doc_key": [r.doc_key for r in recs], "source": [r.source for r in recs],
+                         "source_order": [r.source_order for r in recs], "path": [r.path for r in recs],
+                         "license_class": [r.license_class for r in recs],
+                         "content_sha256": [hashlib.sha256(r.text.encode()).hexdigest() for r in recs]})
+        sig = mh.signatures([r.text for r in recs])
+        row = {r.doc_key: i for i, r in enumerate(recs)}
+        pairs = np.array([(row[b], row[a]) for a, b in key_pairs], np.int64)
+        got = deduplicate_columns(docs, sig, cross_pairs=pairs,
+                                  load_texts=lambda keys: ((k, texts[k]) for k in sorted(keys)))
+        assert got.decisions.to_pylist() == want.decisions and got.clusters.to_pylist() == want.clusters
+        assert got.figures == want.figures
+
+
+def test_columns_reject_bad_input():
+    docs, sig = synthetic_docs(20)
+    with pytest.raises(ValueError, match="duplicate doc_key"):
+        deduplicate_columns(pa.concat_tables([docs, docs.slice(0, 1)]))
+    with pytest.raises(ValueError, match="license_class"):
+        deduplicate_columns(docs.set_column(4, "license_class", pa.array(["mit"] * 20)), sig)
+    with pytest.raises(ValueError, match="shape"):
+        deduplicate_columns(docs, sig[:, :64])
+    with pytest.raises(ValueError, match="outside"):
+        deduplicate_columns(docs, sig, cross_pairs=np.array([[0, 20]]))
+    with pytest.raises(ValueError, match="no text loader"):
+        deduplicate_columns(docs)  # every signature missing, no texts
+
+
+def test_band_pairs_equal_the_all_band_index():
+    rng = np.random.default_rng(1)
+    sig = rng.integers(0, 4, (300, 128), dtype=np.uint32)  # few values: many shared bands
+    group = rng.integers(0, 3, 300)
+    for cross in (False, True):
+        one = mh.candidate_pairs(mh.band_keys(sig, 6, 0, 20), group=group, cross_group=cross)
+        assert len(one) and np.array_equal(mh.band_pairs(sig, 6, 0, 20, group=group, cross_group=cross), one)
+    with pytest.raises(ValueError, match="do not fit"):
+        mh.band_pairs(sig, 8, 0, 17)
