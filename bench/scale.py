@@ -15,7 +15,7 @@ slice's raw MB over the step's seconds); then per step ``rss_growth_x16`` = peak
 ×16 / peak RSS at ×1 (the issue's bound: ≤ 1.25, and every peak ≤ 2 GiB).
 
 The tokenizer's memory is set by ``tokenizer_sample_bytes`` (it trains on a deterministic
-sample of at most that many bytes of kept text; default 256 MiB), not by the corpus. On
+sample of at most that many bytes of kept text; default 64 MiB), not by the corpus. On
 small slices the sample is the whole kept text, so its memory grows with the slice until
 the cap: ``--tokenizer-sample-mb`` sets the setting for every slice to a value below the
 ×1 slice's kept text, so every slice trains on a sample of the same size and the growth
