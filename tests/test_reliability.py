@@ -42,7 +42,8 @@ def _hashes(root: Path, snapshot: str = "tiny") -> dict[str, str]:
 def test_sigkill_inside_each_kind_of_stage_then_rerun(tiny_run, tmp_path):
     """Killed right before committing an output of a per-revision stage, a snapshot stage,
     the packed shards and the Megatron pair: nothing a reader accepts is left, and a rerun
-    finishes byte-identical to an uninterrupted run."""
+    finishes byte-identical to an uninterrupted run. One process (``--workers 1``), so the
+    kill ends the run itself; a killed worker is the next test."""
     from megacpp_assets.cli import main
     from megacpp_core import pack
     from megacpp_core.loader import PackedRowsDataset
@@ -50,27 +51,27 @@ def test_sigkill_inside_each_kind_of_stage_then_rerun(tiny_run, tmp_path):
     root, home = make_data_root(tmp_path / "root"), tmp_path / "home"
     snap = root / "snapshots" / "tiny"
     # per revision: scrub of lz4 (pybind11 is done, xxhash not started)
-    r = _cli(root, home, fault="revisions/lz4-4.4.5/shards/000/scrubbed.parquet")
+    r = _cli(root, home, "--workers", "1", fault="revisions/lz4-4.4.5/shards/000/scrubbed.parquet")
     assert r.returncode == -9, r.stderr[-2000:]
     assert not (snap / "revisions/lz4-4.4.5/shards/000/scrubbed.parquet").exists()
     assert list((snap / "revisions/lz4-4.4.5/shards/000").glob("scrubbed.parquet.tmp-*"))  # the half-committed file
     assert (snap / "revisions/pybind11-3.1.0/shards/000/scrubbed.parquet").exists() and not (snap / "dedup").exists()
     # second pass: the chunk stage on lz4's shard (after the snapshot's dedup and tokenizer)
-    r = _cli(root, home, fault="revisions/lz4-4.4.5/shards/000/chunks.parquet")
+    r = _cli(root, home, "--workers", "1", fault="revisions/lz4-4.4.5/shards/000/chunks.parquet")
     assert r.returncode == -9, r.stderr[-2000:]
     assert "(current; skipped)" in r.stdout  # pybind11 was not redone
     assert (snap / "tokenizer/tokenizer.json").exists() and not (snap / "revisions/lz4-4.4.5/shards/000/chunks.parquet").exists()
     assert (snap / "revisions/pybind11-3.1.0/shards/000/chunks.parquet").exists()
     assert not list((snap / "revisions/lz4-4.4.5").rglob("scrubbed.parquet.tmp-*"))  # the rerun of scrub cleaned its leftover
     # the packed shards: the train shard committed, validation and _SUCCESS not
-    r = _cli(root, home, fault="packed/validation-00000.parquet")
+    r = _cli(root, home, "--workers", "1", fault="packed/validation-00000.parquet")
     assert r.returncode == -9, r.stderr[-2000:]
     assert (snap / "packed/train-00000.parquet").exists() and not (snap / "packed" / pack.SUCCESS).exists()
     with pytest.raises(pack.IncompleteShardsError):
         PackedRowsDataset(snap / "packed")
     assert main(["verify", str(snap / "packed")]) == 1
     # the Megatron write: the .bin is in place, the .idx and the sidecar are not
-    r = _cli(root, home, fault="megatron/tiny_text_document.idx")
+    r = _cli(root, home, "--workers", "1", fault="megatron/tiny_text_document.idx")
     assert r.returncode == -9, r.stderr[-2000:]
     assert (snap / "megatron/tiny_text_document.bin").exists() and not (snap / "megatron/tiny_text_document.idx").exists()
     assert main(["verify", str(snap / "megatron/tiny_text_document")]) == 1
@@ -79,6 +80,24 @@ def test_sigkill_inside_each_kind_of_stage_then_rerun(tiny_run, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert not [p for p in snap.rglob("*") if ".tmp-" in p.name]
     assert not list((root / ".scratch").iterdir())  # the killed runs' scratch directories were swept
+    want = {k: v for k, v in _hashes(tiny_run[0]).items() if k not in ("manifest.origin.json",)}
+    got = {k: v for k, v in _hashes(root).items() if k not in ("manifest.origin.json",)}
+    assert got == want
+
+
+def test_a_worker_killed_mid_write_fails_the_run_then_rerun(tiny_run, tmp_path):
+    """``--workers 2``: a worker killed right before committing lz4's scrubbed shard ends
+    the run with exit 1 and says so; nothing half-written is accepted, and the rerun on 2
+    workers finishes byte-identical to the 1-worker session run."""
+    root, home = make_data_root(tmp_path / "root"), tmp_path / "home"
+    snap = root / "snapshots" / "tiny"
+    r = _cli(root, home, "--workers", "2", fault="revisions/lz4-4.4.5/shards/000/scrubbed.parquet")
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "megacpp run: worker failed" in r.stderr
+    assert not (snap / "revisions/lz4-4.4.5/shards/000/scrubbed.parquet").exists() and not (snap / "dedup").exists()
+    r = _cli(root, home, "--workers", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not [p for p in snap.rglob("*") if ".tmp-" in p.name]
     want = {k: v for k, v in _hashes(tiny_run[0]).items() if k not in ("manifest.origin.json",)}
     got = {k: v for k, v in _hashes(root).items() if k not in ("manifest.origin.json",)}
     assert got == want
