@@ -6,17 +6,19 @@ vocabulary size against the snapshot tokenizer (given, or found in the sibling
 exists with the recorded sha256, that no unlisted shard is present, and that every row of
 every file satisfies the row contract twice: the pandera schema
 (:mod:`megacpp_checks.schemas.packed`) and :func:`megacpp_core.pack.check_rows`.
+
+Memory is one row group (SPEC §6: 1,024 rows), not a file: the sha256 is streamed and
+the rows are read and checked row group by row group; ``pack_id`` uniqueness, the one
+rule across rows, is checked over the whole directory from the ids alone.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import numpy as np
 
 from megacpp_core import pack
 from megacpp_core import tokenizer as tk
@@ -66,26 +68,38 @@ def verify_packed_dir(path: str | os.PathLike, out: Callable[[str], None] = prin
     for extra in sorted(p for p in present if p.endswith(".parquet") and "/" not in p and p not in listed):
         failures.append(f"{d.uri(extra)}: shard not listed in {pack.SUCCESS}")
     rows = tokens = 0
+    ids: list[np.ndarray] = []
     for f in sentinel["files"]:
         fp = d.uri(f["file"])
         if not d.exists(f["file"]):
             failures.append(f"{fp}: missing (listed in {pack.SUCCESS})")
             continue
-        data = d.read_bytes(f["file"])
-        if hashlib.sha256(data).hexdigest() != f["sha256"]:
+        if d.sha256(f["file"]) != f["sha256"]:
             failures.append(f"{fp}: sha256 differs from {pack.SUCCESS}")
             continue
-        table = pq.read_table(io.BytesIO(data))
-        ok, detail = validate_packed(table, sentinel["row_length"], sentinel["vocab_size"], tk.BOS_ID, tk.PAD_ID, where=fp)
-        if not ok:
-            failures.append(detail)
-            continue
-        try:
-            s = pack.check_rows(table, sentinel["row_length"], sentinel["vocab_size"], tk.BOS_ID, tk.PAD_ID, where=fp)
+        pf = d.parquet_file(f["file"])
+        for g in range(pf.num_row_groups):
+            table = pf.read_row_group(g)
+            where_g = f"{fp} (row group {g})" if pf.num_row_groups > 1 else fp
+            ok, detail = validate_packed(table, sentinel["row_length"], sentinel["vocab_size"], tk.BOS_ID, tk.PAD_ID,
+                                         where=where_g)
+            if not ok:
+                failures.append(detail)
+                break
+            try:
+                s = pack.check_rows(table, sentinel["row_length"], sentinel["vocab_size"], tk.BOS_ID, tk.PAD_ID, where=where_g)
+            except pack.RowContractError as e:
+                failures.append(str(e))
+                break
             rows += s["rows"]
             tokens += s["tokens"]
-        except pack.RowContractError as e:
-            failures.append(str(e))
+            ids.append(table.column("pack_id").to_numpy())
+            del table
+    if ids and not failures:
+        every = np.concatenate(ids)
+        uniq, counts = np.unique(every, return_counts=True)
+        if (counts > 1).any():
+            failures.append(f"{where}: pack_id repeated across rows: {uniq[counts > 1][:5].tolist()}")
     if rows != sentinel["rows"] and not failures:
         failures.append(f"{where}: {rows} rows found, {pack.SUCCESS} records {sentinel['rows']}")
     for msg in failures:

@@ -90,3 +90,43 @@ def test_shards_sentinel_written_last_and_readers_refuse_without_it(tmp_path):
     with pytest.raises(pack.IncompleteShardsError):
         pack.read_success(tmp_path)
     assert not verify_packed_dir(tmp_path, out=lambda m: None).ok
+
+
+def test_verify_reads_row_groups_and_finds_a_bad_row_and_a_repeated_pack_id(tmp_path):
+    """The gate checks a file row group by row group (memory: one row group): a broken row
+    in a later row group is named with its row group, and a ``pack_id`` repeated across
+    files (each file valid alone) fails the directory."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from megacpp_checks.packed import verify_packed_dir
+    from megacpp_core.tables import sha256_file
+
+    t = pack.build_rows(_docs([60] * 300), 128, BOS, PAD)
+    good = tmp_path / "good"
+    s = pack.write_shards(t, good, row_length=128, vocab_size=V, tokenizer_sha256="x" * 64, max_docs_per_shard=100,
+                          row_group_size=16)
+    assert all(pq.ParquetFile(good / f["file"]).num_row_groups > 1 for f in s["files"][:1])
+    assert verify_packed_dir(good, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V).figures["rows"] == t.num_rows
+
+    bad = tmp_path / "bad"
+    broken = _mutate(t.slice(20), "doc_ids", lambda r: r["doc_ids"].__setitem__(5, 7))  # row 20: in row group 1
+    pack.write_shards(pa.concat_tables([t.slice(0, 20), broken]), bad, row_length=128, vocab_size=V,
+                      tokenizer_sha256="x" * 64, max_docs_per_shard=10_000, row_group_size=16)
+    r = verify_packed_dir(bad, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V)
+    assert not r.ok and "(row group 1)" in r.failures[0]
+
+    twice = tmp_path / "twice"
+    pack.write_shards(t, twice, row_length=128, vocab_size=V, tokenizer_sha256="x" * 64, max_docs_per_shard=100)
+    sentinel = json.loads((twice / pack.SUCCESS).read_text())
+    first, second = sentinel["files"][0], sentinel["files"][1]
+    # the second file rewritten with the first file's pack_ids (valid on its own)
+    t2 = pq.read_table(twice / second["file"])
+    ids = pq.read_table(twice / first["file"]).column("pack_id").to_numpy()[: t2.num_rows]
+    t2 = t2.set_column(t2.schema.get_field_index("pack_id"), "pack_id", pa.array(ids))
+    pq.write_table(t2, twice / second["file"])
+    second["sha256"] = sha256_file(twice / second["file"])
+    (twice / pack.SUCCESS).write_text(json.dumps(sentinel))
+    r = verify_packed_dir(twice, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V)
+    assert not r.ok and "pack_id repeated" in r.failures[0]
