@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--data-root", default=None, help="data root (default $MEGACPP_DATA_ROOT or ./data)")
     p_run.add_argument("--workers", type=int, default=None,
                        help="processes running the revisions of a pass at once (default: one per core, "
-                            "within 2 GiB of available memory each)")
+                            "within 3 GiB of available memory each)")
     p_run.add_argument("--rerun", action="store_true", help="re-materialize every asset of the snapshot (revisions, snapshot stages, the card) even when current")
     p_ver = sub.add_parser("verify", help="verify gate for a Megatron prefix or a packed-shard directory")
     p_ver.add_argument("path")

@@ -10,9 +10,10 @@ through a queue and are printed by the caller, line by line, as they are written
 Why processes and not threads: every stage is CPU-bound Python; why ``spawn``: a forked
 copy of a process that already ran polars or Arrow thread pools can deadlock in them.
 Each worker loads the stages' heavy state once (ScanCode's license index, the snapshot
-tokenizer) and keeps it for every unit it runs; a worker's peak is one step's peak
-(≤ 2 GiB, ``bench/scale.py``), so :func:`default_workers` gives one worker per core
-within 2 GiB of available memory per worker.
+tokenizer) and keeps it for every unit of its pass (a pass starts fresh workers), so a
+worker's peak is one step's peak (≤ 2 GiB in fresh processes, ``bench/scale.py``) plus
+what it keeps: :func:`default_workers` gives one worker per core within
+:data:`WORKER_MEMORY` of available memory per worker.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-#: Memory budget of one worker (bytes): the largest step's peak (license, ScanCode's
-#: index: 1.57 GB in ``bench/scale.py``) rounded up to 2 GiB.
-WORKER_MEMORY = 2 << 30
+#: Memory budget of one worker (bytes): the largest worker peak of ``megacpp run --corpus
+#: xl`` (2.2 GB in pass 1: ScanCode's index, 1.4 GB, kept while the worker runs the other
+#: steps of large shards), rounded up to 3 GiB.
+WORKER_MEMORY = 3 << 30
 
 
 def default_workers() -> int:

@@ -236,7 +236,11 @@ def _run_in_process(run: SnapshotRun, units: PassUnits) -> bool:
 
 def run_passes(run: SnapshotRun, workers: int) -> bool:
     """Every pass of ``run``: its units (:class:`PassUnits`) on ``workers`` processes (1:
-    this one), then the snapshot steps here. False at the first failure (printed)."""
+    this one), then the snapshot steps here. False at the first failure (printed).
+
+    Each pass gets fresh workers, shut down before its snapshot steps start: what a worker
+    loaded for one pass (ScanCode's license index in pass 1) is not carried into the next,
+    and no idle worker holds memory while the snapshot steps run here."""
     from contextlib import nullcontext
 
     from .run_workers import WorkerPool
@@ -245,22 +249,22 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
         print("megacpp run: an ephemeral Dagster instance cannot be shared with workers; running with 1",
               file=sys.stderr)
         workers = 1
-    pool = (WorkerPool(workers, SnapshotRun.in_worker,
-                       (str(run.manifest.path), run.root.url, run.instance.get_ref(), run.rerun, run.stages_arg))
-            if workers > 1 else nullcontext())
-    with pool:
-        for n, ph in enumerate(run.passes, 1):
-            if len(run.passes) > 1:
-                print(f"pass {n}/{len(run.passes)}: {', '.join(s.name for s in ph.stages)}", flush=True)
-            t = time.perf_counter()
-            units = run.pass_units(n)
+    for n, ph in enumerate(run.passes, 1):
+        if len(run.passes) > 1:
+            print(f"pass {n}/{len(run.passes)}: {', '.join(s.name for s in ph.stages)}", flush=True)
+        t = time.perf_counter()
+        units = run.pass_units(n)
+        pool = (WorkerPool(workers, SnapshotRun.in_worker,
+                           (str(run.manifest.path), run.root.url, run.instance.get_ref(), run.rerun, run.stages_arg))
+                if workers > 1 else nullcontext())
+        with pool:
             ok = pool.run_units(units.first(), units.done) if workers > 1 else _run_in_process(run, units)
-            if not ok:
-                return False
-            if workers > 1:
-                print(f"pass {n}: revisions and shards on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
-            if not run.snapshot(n):
-                return False
+        if not ok:
+            return False
+        if workers > 1:
+            print(f"pass {n}: revisions and shards on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
+        if not run.snapshot(n):
+            return False
     return True
 
 

@@ -103,7 +103,7 @@ RATIOS = {"brace_fallback_rate": ("brace_fallback_files", "files", 4),
           "mb_per_cpu_second": ("bytes", None, 3)}
 
 
-def merge_figures(parts: list[dict]) -> dict:
+def merge_figures(parts: list[dict], _top: bool = True) -> dict:
     """The figures of a revision's (or a snapshot's) shards as one.
 
     Numbers add up, except: names in :data:`SAME` keep the first shard's value; names
@@ -112,24 +112,26 @@ def merge_figures(parts: list[dict]) -> dict:
     ``tokens`` figure (1 when absent); the rates of
     :data:`RATIOS` are recomputed from the merged counts (``mb_per_cpu_second`` from the
     bytes and the summed ``wall_seconds``); ``agreement_rate`` (DEP-5) from the merged
-    agreement counts. Dicts merge key by key (recursively), lists concatenate, booleans
-    and anything else keep the first shard's value. ``parts`` is not modified.
+    agreement counts. Dicts merge key by key (recursively, where the ``_share`` rule does
+    not apply: a nested name such as ``rejected.encoded_share`` is a count of the filter
+    of that name), lists concatenate, booleans and anything else keep the first shard's
+    value. ``parts`` is not modified.
     """
     out: dict = {}
     for p in parts:
         for k, v in p.items():
             if k not in out:
-                out[k] = v if not isinstance(v, dict) else merge_figures([v])
+                out[k] = v if not isinstance(v, dict) else merge_figures([v], _top=False)
             elif isinstance(v, bool) or v is None or k in SAME:
                 continue
             elif isinstance(v, (int, float)) and isinstance(out[k], (int, float)):
                 out[k] = max(out[k], v) if k.startswith(MAX_PREFIXES) else out[k] + v
             elif isinstance(v, dict) and isinstance(out[k], dict):
-                out[k] = merge_figures([out[k], v])
+                out[k] = merge_figures([out[k], v], _top=False)
             elif isinstance(v, list) and isinstance(out[k], list):
                 out[k] = out[k] + v
     if len(parts) > 1:
-        for k in [k for k in out if k.endswith("_share")]:
+        for k in [k for k in out if k.endswith("_share") and _top]:
             got = [(p[k], p.get("tokens") or 1) for p in parts if k in p and p[k] is not None]
             total = sum(w for _, w in got) or 1
             if all(isinstance(v, dict) for v, _ in got):

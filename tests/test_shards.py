@@ -108,12 +108,36 @@ SMALL_SHARDS = 150_000  # bytes: tiny's revisions split into 3 to 20 shards
 GROUP_TOKENS = 120_000  # tokens: tiny's ~0.5 M tokens pack in about four groups
 
 
+#: What the many-shard run did, in order: ("pool", n) when a pass's worker pool ends,
+#: ("snapshot", n) when the snapshot steps of pass n start.
+RUN_EVENTS: list[tuple[str, int]] = []
+
+
 @pytest.fixture(scope="module")
 def many_shards(tmp_path_factory):
-    """``tiny`` (same name and sources) with ``shard_bytes`` = 150 kB, through ``megacpp run``."""
+    """``tiny`` (same name and sources) with ``shard_bytes`` = 150 kB, through ``megacpp run``
+    on 2 workers; the ends of its worker pools and its snapshot steps are recorded in
+    :data:`RUN_EVENTS`."""
     from dagster import DagsterInstance
 
+    from megacpp_assets import run_workers
     from megacpp_assets.cli import run_snapshot
+    from megacpp_assets.snapshot_run import SnapshotRun
+
+    class RecordingPool(run_workers.WorkerPool):
+        def __exit__(self, *exc):
+            super().__exit__(*exc)
+            RUN_EVENTS.append(("pool", sum(1 for e in RUN_EVENTS if e[0] == "pool") + 1))
+
+    original = SnapshotRun.snapshot
+
+    def snapshot(self, n):
+        RUN_EVENTS.append(("snapshot", n))
+        return original(self, n)
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(run_workers, "WorkerPool", RecordingPool)
+    patch.setattr(SnapshotRun, "snapshot", snapshot)
 
     manifest = yaml.safe_load((ROOT / "corpora" / "tiny.yaml").read_text())
     manifest.setdefault("settings", {})["shard_bytes"] = SMALL_SHARDS
@@ -126,7 +150,10 @@ def many_shards(tmp_path_factory):
     with environ(DAGSTER_HOME=str(home)):
         try:
             with DagsterInstance.get() as instance:
-                assert run_snapshot(str(mpath), str(root), instance=instance, workers=2) == 0  # many shards on 2 workers
+                try:
+                    assert run_snapshot(str(mpath), str(root), instance=instance, workers=2) == 0  # many shards on 2 workers
+                finally:
+                    patch.undo()
                 yield root, instance
         finally:
             if saved is None:
@@ -209,6 +236,12 @@ def test_many_shards_give_the_same_documents_and_byte_identical_rows(tiny_run, m
     assert gate.figures["rows"] > 0
 
 
+def test_each_pass_has_fresh_workers_that_end_before_its_snapshot_steps(many_shards):
+    """Pass 1's workers (ScanCode's index loaded) are not kept into pass 2, and no worker
+    holds memory while the snapshot steps run in the calling process."""
+    assert RUN_EVENTS == [("pool", 1), ("snapshot", 1), ("pool", 2), ("snapshot", 2)]
+
+
 def test_a_shard_beyond_the_revision_count_is_empty_and_writes_nothing(many_shards):
     from megacpp_core.manifest import load_manifest
     from megacpp_core.runner import run_stage
@@ -279,3 +312,17 @@ def test_streamed_packing_groups_are_byte_identical_across_shard_counts(tiny_run
         bound = max(math.ceil(int(lengths[a:b].sum()) / L), int((lengths[a:b] > L // 2).sum()))
         assert bound / rows >= 0.99 or rows - bound <= 1, (a, b, rows, bound)  # groups of ~15 rows here
     assert sum(p.group_rows) == streamed["rows"]
+
+
+def test_merged_figures_weight_shares_but_sum_nested_counts():
+    """A top-level ``*_share`` is token-weighted; a nested count whose name ends in
+    ``_share`` (the quality filter ``encoded_share``) adds up like every other count."""
+    from megacpp_core.sharding import merge_figures
+
+    a = {"tokens": 100, "comment_share": 0.5, "rejected": {"encoded_share": 2, "extension": 10}}
+    b = {"tokens": 300, "comment_share": 0.1, "rejected": {"encoded_share": 0, "extension": 5}}
+    c = {"tokens": 0, "comment_share": 0.9, "rejected": {"encoded_share": 1}}
+    m = merge_figures([a, b, c])
+    assert m["rejected"] == {"encoded_share": 3, "extension": 15}
+    assert m["tokens"] == 400
+    assert m["comment_share"] == round((0.5 * 100 + 0.1 * 300 + 0.9 * 1) / 401, 4)
