@@ -29,8 +29,21 @@ def _sorted(table: pa.Table, keys: dict[str, pa.Array]) -> pa.Table:
     return table.take(order)
 
 
-def _ranks(table: pa.Table) -> pa.Array:
-    return pa.array([LICENSE_RANK[c] for c in table.column("license_class").to_pylist()], type=pa.int32())
+def codes(column, mapping: dict[str, int], what: str):
+    """``int32`` array (chunked like ``column``): ``mapping[value]`` for each value of the
+    string ``column``, looked up in arrow (no Python loop over the rows). Raises
+    ``ValueError`` naming the first value that is not a key of ``mapping`` (``what`` names
+    the column in the message)."""
+    names = list(mapping)
+    pos = pc.index_in(column, value_set=pa.array(names, pa.string()))
+    if pos.null_count:
+        bad = pc.filter(column, pc.is_null(pos))[0].as_py()
+        raise ValueError(f"unknown {what} {bad!r}, expected one of {sorted(mapping)}")
+    return pc.take(pa.array([mapping[n] for n in names], pa.int32()), pos)
+
+
+def _ranks(table: pa.Table):
+    return codes(table.column("license_class"), LICENSE_RANK, "license_class")
 
 
 def kept_keys(decisions: pa.Table) -> pa.Array:
@@ -72,7 +85,7 @@ def document_order(table: pa.Table, source_order: dict[str, int]) -> pa.Table:
     order: ``(LICENSE_RANK, source_order, path, chunk_index)``, ``source_order`` being the
     manifest position of each source. The order packing and the Megatron export follow; it
     does not depend on the number of shards."""
-    src = pa.array([source_order[x] for x in table.column("source").to_pylist()], type=pa.int32())
+    src = codes(table.column("source"), source_order, "source")
     return _sorted(table, {"r": _ranks(table), "s": src, "p": table.column("path"), "c": table.column("chunk_index")})
 
 
