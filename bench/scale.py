@@ -7,7 +7,10 @@ slice is its own snapshot under ``--data-root`` (names ``scale-x1``, ``scale-x4`
 step runs in a **fresh process** per partition (per revision for acquire, per revision ×
 shard for the per-document stages, once per snapshot for the global steps), in the
 graph's order, through :func:`megacpp_core.runner.run_stage` — no Dagster — and its peak
-RSS is the child's ``ru_maxrss`` from ``os.wait4``.
+RSS is the child's own high-water mark (``VmHWM`` of ``/proc/self/status``, read by the
+child as it ends). Not ``ru_maxrss`` from ``os.wait4``: Linux carries the parent's
+high-water mark at fork into the child's ``ru_maxrss`` across ``exec``, so every step
+would read at least this script's own RSS.
 
 Prints one JSON object: per slice the sources, raw MB and, per step, ``peak_rss_mb`` (the
 largest over its partitions), ``seconds`` (sum), ``partitions`` and ``mb_per_s`` (the
@@ -22,6 +25,11 @@ the cap: ``--tokenizer-sample-mb`` sets the setting for every slice to a value b
 shown is what the corpus adds beyond the sample. Each slice's ``tokenizer_training_mb``
 (the sample's size) is printed with it. Without the flag the manifest's setting is used.
 
+The pack step's memory is likewise one packing group of at most ``pack_group_tokens``
+tokens (default 16 Mi), plus the plan's lengths: ``--pack-group-tokens`` sets a group
+size below the ×1 slice's tokens for every slice, so each slice packs groups of the same
+size and the growth shown is the plan's. Each slice's ``packing_groups`` is printed.
+
 Steps other than acquire run only when named in ``--steps``; the upstream steps of the
 named ones must have run on the slices (name them on the first invocation, e.g.
 ``--steps quality,license,scrub,minhash,lsh_bands_00_07,lsh_bands_07_14,dedup,tokenizer``).
@@ -30,6 +38,7 @@ Usage::
 
     python bench/scale.py [--corpus xl] [--base-mb 4] [--shard-mb 64] [--data-root /tmp/scale]
                           [--factors 1,4,16] [--steps quality,minhash,...] [--tokenizer-sample-mb 1]
+                          [--pack-group-tokens 262144]
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,8 +58,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
-def child(stage: str, key: str, root: str, manifest: str) -> None:
-    """Run one stage on one partition (in this fresh process)."""
+def vm_hwm_mb() -> float:
+    """This process's peak resident set (``VmHWM`` of ``/proc/self/status``), MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError("/proc/self/status has no VmHWM line")
+
+
+def child(stage: str, key: str, root: str, manifest: str, peak_file: str) -> None:
+    """Run one stage on one partition (in this fresh process); write its peak RSS (MiB)
+    to ``peak_file``."""
     from megacpp_core.manifest import load_manifest
     from megacpp_core.runner import run_stage
     from megacpp_core.stage import Partition
@@ -61,17 +80,18 @@ def child(stage: str, key: str, root: str, manifest: str) -> None:
     if not res.ok:
         bad = {k: v for k, v in res.checks.items() if not v[0]}
         raise SystemExit(f"{stage} {key}: gates failed {bad}")
+    Path(peak_file).write_text(f"{vm_hwm_mb():.1f}")
 
 
 def run_child(stage: str, key: str, root: Path, manifest: Path) -> tuple[float, float]:
     """``(seconds, peak RSS MB)`` of one step partition in a fresh process."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--child", stage, key, str(root), str(manifest)])
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"step {stage} {key} failed with exit code {proc.returncode}")
-    return time.perf_counter() - t0, usage.ru_maxrss / 1024  # KiB on Linux
+    with tempfile.TemporaryDirectory() as tmp:
+        peak = Path(tmp) / "peak"
+        t0 = time.perf_counter()
+        code = subprocess.call([sys.executable, __file__, "--child", stage, key, str(root), str(manifest), str(peak)])
+        if code != 0:
+            raise SystemExit(f"step {stage} {key} failed with exit code {code}")
+        return time.perf_counter() - t0, float(peak.read_text())
 
 
 def source_bytes(manifest_path: str, cache: Path) -> list[tuple[str, int]]:
@@ -88,14 +108,16 @@ def source_bytes(manifest_path: str, cache: Path) -> list[tuple[str, int]]:
 
 
 def slice_manifest(base: dict, names: list[str], name: str, shard_bytes: int, path: Path,
-                   tokenizer_sample_bytes: int | None = None) -> Path:
+                   tokenizer_sample_bytes: int | None = None, pack_group_tokens: int | None = None) -> Path:
     """Write the manifest of one slice: ``base`` restricted to the sources ``names``, with
-    ``shard_bytes`` (and ``tokenizer_sample_bytes`` when given) set."""
+    ``shard_bytes`` (and ``tokenizer_sample_bytes``, ``pack_group_tokens`` when given) set."""
     m = dict(base)
     m["name"] = name
     m["settings"] = {**(base.get("settings") or {}), "shard_bytes": shard_bytes}
     if tokenizer_sample_bytes is not None:
         m["settings"]["tokenizer_sample_bytes"] = tokenizer_sample_bytes
+    if pack_group_tokens is not None:
+        m["settings"]["pack_group_tokens"] = pack_group_tokens
     m["sources"] = [s for s in base["sources"] if s["name"] in names]
     path.write_text(yaml.safe_dump(m, sort_keys=False))
     return path
@@ -140,7 +162,7 @@ def run_slice(manifest_path: Path, root: Path, only: set[str] | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--child", nargs=4, metavar=("STAGE", "KEY", "ROOT", "MANIFEST"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=5, metavar=("STAGE", "KEY", "ROOT", "MANIFEST", "PEAK_FILE"), help=argparse.SUPPRESS)
     ap.add_argument("--corpus", default="xl")
     ap.add_argument("--base-mb", type=float, default=4.0)
     ap.add_argument("--shard-mb", type=float, default=64.0)
@@ -148,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="", help="comma-separated stage names to measure (default: all)")
     ap.add_argument("--tokenizer-sample-mb", type=float, default=None,
                     help="tokenizer_sample_bytes of every slice, in MiB (default: the manifest's)")
+    ap.add_argument("--pack-group-tokens", type=int, default=None,
+                    help="pack_group_tokens of every slice (default: the manifest's)")
     ap.add_argument("--data-root", default="/tmp/megacpp-scale")
     ap.add_argument("--cache", default=os.environ.get("MEGACPP_CACHE_DIR", "data/cache"))
     a = ap.parse_args(argv)
@@ -166,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     only = set(filter(None, a.steps.split(","))) or None
     sample_bytes = None if a.tokenizer_sample_mb is None else int(a.tokenizer_sample_mb * 1024 * 1024)
     out: dict = {"corpus": a.corpus, "base_mb": a.base_mb, "shard_mb": a.shard_mb,
-                 "tokenizer_sample_mb": a.tokenizer_sample_mb, "slices": {}}
+                 "tokenizer_sample_mb": a.tokenizer_sample_mb, "pack_group_tokens": a.pack_group_tokens, "slices": {}}
     for k in (int(x) for x in a.factors.split(",")):
         names, total = [], 0
         for name, n in sizes:
@@ -177,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if total < k * a.base_mb * 1e6:
             raise SystemExit(f"corpus {a.corpus} has {total / 1e6:.1f} MB, less than ×{k} of {a.base_mb} MB")
         path = slice_manifest(base, names, f"scale-x{k}", int(a.shard_mb * 1024 * 1024), root / f"scale-x{k}.yaml",
-                              sample_bytes)
+                              sample_bytes, a.pack_group_tokens)
         print(f"×{k}: {len(names)} sources, {total / 1e6:.1f} MB", file=sys.stderr, flush=True)
         steps = run_slice(path, root, only)
         for s in steps.values():
@@ -186,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         if "tokenizer" in steps:
             info = json.loads((root / "snapshots" / f"scale-x{k}" / "tokenizer" / "tokenizer_manifest.json").read_text())
             out["slices"][f"x{k}"]["tokenizer_training_mb"] = round(info["training_bytes"] / 2**20, 3)
+        if "pack" in steps:
+            pack = json.loads((root / "snapshots" / f"scale-x{k}" / "figures" / "pack.json").read_text())
+            out["slices"][f"x{k}"]["packing_groups"] = pack["packing_groups"]
     fs = list(out["slices"])
     first, last = out["slices"][fs[0]]["steps"], out["slices"][fs[-1]]["steps"]
     out[f"rss_growth_{fs[-1]}_over_{fs[0]}"] = {s: round(last[s]["peak_rss_mb"] / first[s]["peak_rss_mb"], 3)
