@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from megacpp_checks.schemas import dedup as dedup_schema
 
 from .. import catalog, dedup, dedup_tables
-from ..signatures import table_signatures
+from ..signatures import read_ref_signatures
 from ..stage import Partitioning, Result, Stage
 
 DECISIONS_SCHEMA = dedup_tables.DECISIONS_SCHEMA
@@ -70,13 +70,12 @@ def compute(ctx) -> Result:
     sig = np.empty((docs.num_rows, s.minhash_num_perm), dtype=np.uint32)
     have = np.zeros(docs.num_rows, dtype=bool)
     for ref in ctx.inputs("minhash"):
-        t = ref.read()
-        _, shard_sig = table_signatures(t, ref.uri)
-        if t.num_rows and shard_sig.shape[1] == s.minhash_num_perm:
-            at = _rows(keys, t.column("doc_key"))
+        shard_keys, shard_sig = read_ref_signatures(ref)
+        if shard_keys and shard_sig.shape[1] == s.minhash_num_perm:
+            at = _rows(keys, pa.array(shard_keys, pa.string()))
             sig[at[at >= 0]] = shard_sig[at >= 0]
             have[at[at >= 0]] = True
-        del t, shard_sig
+        del shard_keys, shard_sig
     cross_pairs = [np.zeros((0, 2), np.int64)]
     for lo, hi in catalog.LSH_PAIRS:
         t = ctx.input(catalog.LSH_PAIRS[(lo, hi)].name).read()
