@@ -26,7 +26,7 @@ shown is what the corpus adds beyond the sample. Each slice's ``tokenizer_traini
 (the sample's size) is printed with it. Without the flag the manifest's setting is used.
 
 The pack step's memory is likewise one packing group of at most ``pack_group_tokens``
-tokens (default 16 Mi), plus the plan's lengths: ``--pack-group-tokens`` sets a group
+tokens (default 8 Mi), plus the plan's lengths: ``--pack-group-tokens`` sets a group
 size below the ×1 slice's tokens for every slice, so each slice packs groups of the same
 size and the growth shown is the plan's. Each slice's ``packing_groups`` is printed.
 

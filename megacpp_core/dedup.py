@@ -59,6 +59,7 @@ from datasketch import MinHash, MinHashLSH
 
 from . import minhash as mh
 from .dedup_tables import CROSS, EXACT, KEPT, NEAR, DedupTables, build_tables, take_rows
+from .tables import lookup_codes
 
 #: Keep-policy rank of each license class, lower kept first (SPEC §4 keep policy:
 #: "license class, then source order, then path"; classes from the stage-2 license gate).
@@ -225,13 +226,7 @@ def keep_order_indices(docs: pa.Table) -> np.ndarray:
     source_order, path, doc_key)`` (strings compare as UTF-8 bytes, i.e. code points, as
     Python does). ``docs`` needs those four columns. Raises ``ValueError`` naming the first
     row (input order) whose ``license_class`` is not in :data:`LICENSE_RANK`."""
-    names = sorted(LICENSE_RANK, key=LICENSE_RANK.get)
-    pos = pc.index_in(docs.column("license_class"), value_set=pa.array(names, pa.string()))
-    if pos.null_count:
-        bad = int(np.flatnonzero(pc.is_null(pos).to_numpy(zero_copy_only=False))[0])
-        raise ValueError(f"{docs.column('doc_key')[bad].as_py()}: unknown license_class "
-                         f"{docs.column('license_class')[bad].as_py()!r}, expected one of {sorted(LICENSE_RANK)}")
-    rank = np.array([LICENSE_RANK[x] for x in names], np.int64)[pos.to_numpy()]
+    rank = lookup_codes(docs.column("license_class"), LICENSE_RANK, "license_class", docs.column("doc_key"))
     key = pa.table({"r": rank, "s": docs.column("source_order"), "p": docs.column("path"), "k": docs.column("doc_key")})
     return pc.sort_indices(key, sort_keys=[(c, "ascending") for c in "rspk"]).to_numpy().astype(np.int64)
 

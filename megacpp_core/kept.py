@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .dedup import LICENSE_RANK
+from .tables import lookup_codes
 
 #: Columns that put kept files in keep order (with ``doc_key``, which every reader needs).
 FILE_ORDER_COLUMNS = ["doc_key", "license_class", "source_order", "path"]
@@ -29,21 +30,8 @@ def _sorted(table: pa.Table, keys: dict[str, pa.Array]) -> pa.Table:
     return table.take(order)
 
 
-def codes(column, mapping: dict[str, int], what: str):
-    """``int32`` array (chunked like ``column``): ``mapping[value]`` for each value of the
-    string ``column``, looked up in arrow (no Python loop over the rows). Raises
-    ``ValueError`` naming the first value that is not a key of ``mapping`` (``what`` names
-    the column in the message)."""
-    names = list(mapping)
-    pos = pc.index_in(column, value_set=pa.array(names, pa.string()))
-    if pos.null_count:
-        bad = pc.filter(column, pc.is_null(pos))[0].as_py()
-        raise ValueError(f"unknown {what} {bad!r}, expected one of {sorted(mapping)}")
-    return pc.take(pa.array([mapping[n] for n in names], pa.int32()), pos)
-
-
 def _ranks(table: pa.Table):
-    return codes(table.column("license_class"), LICENSE_RANK, "license_class")
+    return lookup_codes(table.column("license_class"), LICENSE_RANK, "license_class")
 
 
 def kept_keys(decisions: pa.Table) -> pa.Array:
@@ -85,7 +73,7 @@ def document_order(table: pa.Table, source_order: dict[str, int]) -> pa.Table:
     order: ``(LICENSE_RANK, source_order, path, chunk_index)``, ``source_order`` being the
     manifest position of each source. The order packing and the Megatron export follow; it
     does not depend on the number of shards."""
-    src = codes(table.column("source"), source_order, "source")
+    src = lookup_codes(table.column("source"), source_order, "source")
     return _sorted(table, {"r": _ranks(table), "s": src, "p": table.column("path"), "c": table.column("chunk_index")})
 
 

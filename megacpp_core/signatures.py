@@ -23,17 +23,24 @@ def signatures_table(doc_keys: list[str], sig: np.ndarray) -> pa.Table:
                      "signature": pa.FixedSizeListArray.from_arrays(flat, sig.shape[1])})
 
 
-def table_signatures(t: pa.Table, where: str = "minhash") -> tuple[list[str], np.ndarray]:
-    """``(doc_keys, uint32[n, num_perm])`` from a ``minhash`` table; raises
-    :class:`SignatureError` naming ``where`` when the rows differ in length."""
+def signature_matrix(t: pa.Table, where: str = "minhash") -> np.ndarray:
+    """``uint32[n, num_perm]`` of a ``minhash`` table's ``signature`` column (a view of its
+    arrow buffer; ``uint32[0, 0]`` without rows); raises :class:`SignatureError` naming
+    ``where`` when the rows differ in length."""
     col = t.column("signature").combine_chunks()  # parquet may hand back a plain list<uint32>
     flat = np.asarray(col.flatten(), dtype=np.uint32)
     n = len(col)
     if n == 0:
-        return [], flat.reshape(0, 0)
+        return flat.reshape(0, 0)
     if flat.size % n or (pc.list_value_length(col).to_numpy() != flat.size // n).any():
         raise SignatureError(f"{where}: signatures are not all of one length")
-    return t.column("doc_key").to_pylist(), flat.reshape(n, flat.size // n)
+    return flat.reshape(n, flat.size // n)
+
+
+def table_signatures(t: pa.Table, where: str = "minhash") -> tuple[list[str], np.ndarray]:
+    """``(doc_keys, uint32[n, num_perm])`` from a ``minhash`` table (:func:`signature_matrix`)."""
+    sig = signature_matrix(t, where)
+    return (t.column("doc_key").to_pylist() if len(sig) else []), sig
 
 
 def read_signatures(path) -> tuple[list[str], np.ndarray]:
@@ -43,15 +50,15 @@ def read_signatures(path) -> tuple[list[str], np.ndarray]:
     return table_signatures(pq.read_table(path), str(path))
 
 
-def read_ref_signatures(ref) -> tuple[list[str], np.ndarray]:
-    """:func:`table_signatures` of one ``minhash`` input (``.iter_batches``, ``.uri``),
-    decoded batch by batch on this thread; the matrix is a copy (no arrow buffer of the
-    file stays alive with it). ``([], uint32[0, 0])`` for a table without rows."""
+def read_ref_signatures(ref) -> tuple[pa.ChunkedArray, np.ndarray]:
+    """``(doc_key column, uint32[n, num_perm])`` of one ``minhash`` input (``.iter_batches``,
+    ``.uri``), decoded batch by batch on this thread; the matrix is a copy (no arrow buffer
+    of the file stays alive with it). An empty column and ``uint32[0, 0]`` without rows."""
     batches = list(ref.iter_batches(["doc_key", "signature"]))
     if not batches:
-        return [], np.zeros((0, 0), np.uint32)
-    k, sg = table_signatures(pa.Table.from_batches(batches), ref.uri)
-    return k, np.array(sg, dtype=np.uint32, copy=True)
+        return pa.chunked_array([], pa.string()), np.zeros((0, 0), np.uint32)
+    t = pa.Table.from_batches(batches)
+    return t.column("doc_key"), np.array(signature_matrix(t, ref.uri), dtype=np.uint32, copy=True)
 
 
 def snapshot_signatures(refs, width: int) -> tuple[list[str], list[str], np.ndarray]:
@@ -62,7 +69,7 @@ def snapshot_signatures(refs, width: int) -> tuple[list[str], list[str], np.ndar
     keys, srcs, sigs = [], [], []
     for ref in refs:
         k, sg = read_ref_signatures(ref)
-        keys += k
+        keys += k.to_pylist()
         srcs += [ref.source] * len(k)
         sigs.append(sg if len(sg) else np.zeros((0, width), np.uint32))
     pa.default_memory_pool().release_unused()

@@ -133,3 +133,20 @@ def value_counts(column: pa.ChunkedArray | pa.Array) -> dict[str, int]:
 
     vc = pc.value_counts(column.fill_null("none")).to_pylist()
     return {d["values"]: d["counts"] for d in sorted(vc, key=lambda d: d["values"])}
+
+
+def lookup_codes(column, mapping: dict[str, int], what: str, keys=None):
+    """``int32`` array (chunked like ``column``): ``mapping[value]`` for each value of the
+    string ``column``, looked up in arrow (``pc.index_in``, no Python loop over the rows).
+    Raises ``ValueError`` naming the first value that is not a key of ``mapping`` (``what``
+    names the column; ``keys``, an aligned column such as ``doc_key``, names its row)."""
+    import pyarrow.compute as pc
+
+    names = list(mapping)
+    pos = pc.index_in(column, value_set=pa.array(names, pa.string()))
+    if pos.null_count:
+        at = pos.to_pylist().index(None)
+        who = f"{keys[at].as_py()}: " if keys is not None else ""
+        raise ValueError(f"{who}unknown {what} {column[at].as_py()!r}, expected one of {sorted(mapping)}")
+    return pc.take(pa.array([mapping[n] for n in names], pa.int32()), pos)
+

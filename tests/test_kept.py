@@ -1,4 +1,4 @@
-"""Keep order in arrow: ``kept.codes`` and the two sort orders against Python's own sort."""
+"""Keep order in arrow: ``tables.lookup_codes`` and the two sort orders against Python's own sort."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from megacpp_core import kept
 from megacpp_core.dedup import LICENSE_RANK
+from megacpp_core.tables import lookup_codes
 
 
 def _documents(n: int, seed: int = 7) -> pa.Table:
@@ -40,6 +41,8 @@ def test_keep_order_of_files():
 def test_codes_of_an_unknown_value_name_it():
     col = pa.chunked_array([["permissive", "gpl2"], ["proprietary"]])
     with pytest.raises(ValueError, match="unknown license_class 'proprietary'"):
-        kept.codes(col, LICENSE_RANK, "license_class")
-    assert kept.codes(pa.chunked_array([], pa.string()), LICENSE_RANK, "license_class").to_pylist() == []
-    assert kept.codes(col[:2], LICENSE_RANK, "license_class").to_pylist() == [0, 2]
+        lookup_codes(col, LICENSE_RANK, "license_class")
+    with pytest.raises(ValueError, match="^s/c.h: unknown license_class 'proprietary'"):
+        lookup_codes(col, LICENSE_RANK, "license_class", keys=pa.chunked_array([["s/a.h", "s/b.h"], ["s/c.h"]]))
+    assert lookup_codes(pa.chunked_array([], pa.string()), LICENSE_RANK, "license_class").to_pylist() == []
+    assert lookup_codes(col[:2], LICENSE_RANK, "license_class").to_pylist() == [0, 2]

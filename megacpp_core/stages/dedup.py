@@ -71,8 +71,8 @@ def compute(ctx) -> Result:
     have = np.zeros(docs.num_rows, dtype=bool)
     for ref in ctx.inputs("minhash"):
         shard_keys, shard_sig = read_ref_signatures(ref)
-        if shard_keys and shard_sig.shape[1] == s.minhash_num_perm:
-            at = _rows(keys, pa.array(shard_keys, pa.string()))
+        if len(shard_keys) and shard_sig.shape[1] == s.minhash_num_perm:
+            at = _rows(keys, shard_keys)
             sig[at[at >= 0]] = shard_sig[at >= 0]
             have[at[at >= 0]] = True
         del shard_keys, shard_sig
