@@ -36,8 +36,12 @@ Memory: the passes run on columns (:func:`deduplicate_columns`): the documents' 
 stay in arrow arrays, the signatures in one ``uint32[n, num_perm]`` matrix (512 bytes per
 file) and the per-file state (keep order, source and sha256 codes, kind, twin, Jaccard) in
 numpy arrays indexed by keep order; the LSH index is built one band at a time (one
-``uint64`` key per file). Shingle hashes are computed per batch of texts
-(:data:`minhash.BATCH_BYTES`), and only for the files that need them. :func:`deduplicate`
+``uint64`` key per file) and its candidate pairs come band by band, each pair once
+(:func:`minhash.band_pair_blocks`), so only the pairs whose estimate reaches the threshold
+are held, never the whole candidate set. The exact-Jaccard verification runs in blocks of
+at most :data:`VERIFY_BLOCK_RECORDS` records' shingle-hash sets, streaming each block's
+texts. Shingle hashes are computed per batch of texts (:data:`minhash.BATCH_BYTES`), and
+only for the files that need them. :func:`deduplicate`
 is the same on a list of :class:`DedupRecord` (tests, benchmarks).
 """
 
@@ -103,6 +107,11 @@ class DedupRecord:
     text: str | None
     content_sha256: str | None = None
 
+
+#: Records whose shingle-hash sets one verification block holds (:func:`deduplicate_columns`
+#: verifies candidate pairs in blocks, streaming each block's texts). About 6 KiB per set
+#: for a 10 KB file, so some 25 MiB per block; implementation choice, not a SPEC figure.
+VERIFY_BLOCK_RECORDS = 4096
 
 #: Cross-source pass (SPEC §4): 112 permutations as 14 bands × 8 rows.
 CROSS_NUM_PERM, CROSS_BANDS, CROSS_ROWS = 112, 14, 8
@@ -329,56 +338,66 @@ def deduplicate_columns(
     src = _codes(cols["source"])
     sha = _codes(cols["content_sha256"])
 
-    # Exact Jaccard of two records over their sets of 32-bit shingle hashes (verification).
-    hash_sets: dict[int, np.ndarray] = {}
     rejected = {"near": 0, "cross_source": 0}
 
-    def prefetch(pairs: np.ndarray) -> None:
-        """Shingle-hash sets of every record of ``pairs`` not yet hashed (texts streamed)."""
-        need = sorted({int(x) for x in np.asarray(pairs).reshape(-1)} - set(hash_sets))
-        for x, text in texts_of(need):
-            hash_sets[x] = np.unique(mh.shingle_hashes([text], shingle_k)[0])
+    def exact_ok(pairs: np.ndarray) -> np.ndarray:
+        """``bool[m]``: the exact Jaccard of each pair's sets of 32-bit shingle hashes is
+        ≥ the threshold (verification). Pairs are taken in order, in blocks holding the
+        hash sets of at most :data:`VERIFY_BLOCK_RECORDS` records; each block streams its
+        texts (memory is set by the block, not by the number of pairs)."""
+        ok = np.zeros(len(pairs), dtype=bool)
 
-    def exact_j(i: int, j: int) -> float:
-        if i not in hash_sets or j not in hash_sets:
-            prefetch(np.array([i, j]))
-        a, b_ = hash_sets[i], hash_sets[j]
-        inter = np.intersect1d(a, b_, assume_unique=True).size
-        return inter / (a.size + b_.size - inter) if a.size + b_.size else 1.0
+        def verify(lo: int, hi: int, records: set[int]) -> None:
+            """Verify the pairs ``lo … hi − 1``, whose records are ``records``."""
+            sets = {x: np.unique(mh.shingle_hashes([text], shingle_k)[0]) for x, text in texts_of(sorted(records))}
+            for s0 in range(lo, hi, mh.PAIR_BLOCK):
+                for q, (i, j) in enumerate(pairs[s0:min(hi, s0 + mh.PAIR_BLOCK)].tolist(), s0):
+                    a, b_ = sets[i], sets[j]
+                    inter = np.intersect1d(a, b_, assume_unique=True).size
+                    ok[q] = (inter / (a.size + b_.size - inter) if a.size + b_.size else 1.0) >= threshold
+
+        lo, records = 0, set()
+        for start in range(0, len(pairs), mh.PAIR_BLOCK):  # Python objects for one slice of pairs at a time
+            for q, (i, j) in enumerate(pairs[start:start + mh.PAIR_BLOCK].tolist(), start):
+                if q > lo and len(records) + (i not in records) + (j not in records) > VERIFY_BLOCK_RECORDS:
+                    verify(lo, q, records)
+                    lo, records = q, set()
+                records.update((i, j))
+        if len(pairs):
+            verify(lo, len(pairs), records)
+        return ok
 
     # Pass 1, exact: twin[i] is the index (keep order) of the record i was dropped for.
     twin = _first_of_code(sha)
     kind = np.where(twin != np.arange(n), EXACT, KEPT).astype(np.int8)
     twin[kind == KEPT] = -1
 
-    # Pass 2, near within a source, greedy in keep order against kept records only.
+    # Pass 2, near within a source, greedy in keep order against kept records only. The
+    # candidate pairs come band by band, each once (the xl snapshot has 3.6 M of them); only
+    # those whose estimate reaches the threshold are kept, so memory holds one band's pairs.
     b, r_ = near_lsh_params(threshold, num_perm)
-    near_pairs = mh.band_pairs(sig, r_, 0, b, group=src, cross_group=False, skip=(kind != KEPT) | empty)
-    # Only pairs whose estimate reaches the threshold can make a drop: they are kept (as
-    # int64 rows, estimated 65,536 at a time) before any Python object is made per pair
-    # (the xl snapshot has 3.6 M candidate pairs, of which a few percent reach it).
-    p = near_pairs
-    est_ok = (np.concatenate([(sig[p[a:a + 65536, 0]] == sig[p[a:a + 65536, 1]]).mean(axis=1) >= threshold
-                              for a in range(0, len(p), 65536)]) if len(p) else np.zeros(0, dtype=bool))
-    likely = p[est_ok]
-    if verify_exact and len(likely):
-        prefetch(likely)
-    earlier: dict[int, list[int]] = {}
-    for i, j in likely.tolist():
-        earlier.setdefault(j, []).append(i)
-    for j in sorted(earlier):
-        best: tuple[float, int] | None = None
-        for i in earlier[j]:
+    near_candidates, likely = 0, [np.zeros((0, 2), np.int64)]
+    for p in mh.band_pair_blocks(sig, r_, 0, b, group=src, cross_group=False, skip=(kind != KEPT) | empty):
+        near_candidates += len(p)
+        likely.append(p[mh.estimate_jaccard(sig, p[:, 0], p[:, 1]) >= threshold])
+    likely = np.concatenate(likely)
+    likely = likely[np.lexsort((likely[:, 0], likely[:, 1]))]  # by j, then i: the greedy's order
+    est = mh.estimate_jaccard(sig, likely[:, 0], likely[:, 1])
+    
+    ok = exact_ok(likely) if verify_exact else np.ones(len(likely), dtype=bool)
+    jj = likely[:, 1]
+    bounds = np.flatnonzero(np.concatenate(([True], jj[1:] != jj[:-1], [True]))) if len(jj) else np.zeros(1, np.int64)
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        j, best = int(jj[lo]), None
+        for q in range(lo, hi):
+            i = int(likely[q, 0])
             if kind[i] != KEPT:
                 continue
-            est = float((sig[i] == sig[j]).mean())
-            if est < threshold:
-                continue
-            if verify_exact and exact_j(i, j) < threshold:
+            if not ok[q]:
                 rejected["near"] += 1
                 continue
-            if best is None or (est, -i) > (best[0], -best[1]):
-                best = (est, i)
+            if best is None or (float(est[q]), -i) > (best[0], -best[1]):
+                best = (float(est[q]), i)
         if best is not None:
             twin[j], kind[j] = best[1], NEAR
 
@@ -401,8 +420,7 @@ def deduplicate_columns(
     est = mh.estimate_jaccard(csig, cand[:, 0], cand[:, 1]) if len(cand) else np.zeros(0)
     confirmed = cand[est >= threshold] if len(cand) else cand
     if verify_exact and len(confirmed):
-        prefetch(confirmed)
-        ok = np.array([exact_j(i, j) >= threshold for i, j in confirmed.tolist()], dtype=bool)
+        ok = exact_ok(confirmed)
         rejected["cross_source"] = int((~ok).sum())
         confirmed = confirmed[ok]
     nodes = np.unique(confirmed)  # union-find over the confirmed pairs' records only
@@ -426,9 +444,7 @@ def deduplicate_columns(
     same = sha[dropped] == sha[twin[dropped]]
     jac[dropped[same]] = 1.0
     rest = dropped[~same]
-    for a in range(0, len(rest), 65536):
-        part = rest[a:a + 65536]
-        jac[part] = mh.estimate_jaccard(sig, part, twin[part])
+    jac[rest] = mh.estimate_jaccard(sig, rest, twin[rest])
 
     decisions, clusters, cluster_figures = build_tables(keys, cols["source"], cols["content_sha256"], kind, twin, jac)
     exact_removed, near_removed, cross_removed = (int((kind == k).sum()) for k in (EXACT, NEAR, CROSS))
@@ -451,7 +467,7 @@ def deduplicate_columns(
         "lsh_rows": r_,
         "effective_threshold": near_rep["effective_threshold"],
         "candidate_probability": near_rep["candidate_probability"],
-        "near_candidate_pairs": int(len(near_pairs)),
+        "near_candidate_pairs": near_candidates,
         "near_rejected_by_exact": rejected["near"],
         "verify_exact": verify_exact,
         "cross_num_perm": CROSS_NUM_PERM,

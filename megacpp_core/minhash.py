@@ -35,7 +35,7 @@ one pass over all bands, because a pair is a candidate iff one band matches.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -52,6 +52,10 @@ SHINGLE_BLOCK = 1024
 #: Text bytes hashed per batch of documents in :func:`signatures` (bounds the per-batch
 #: uint64 temporaries to a few dozen MiB; implementation choice).
 BATCH_BYTES = 4 << 20
+#: Pairs compared per numpy block (Jaccard estimates, earlier-band tests): bounds the
+#: ``block × num_perm`` temporaries (two uint32 row gathers and a bool matrix) to about
+#: 18 MiB at 128 permutations (implementation choice).
+PAIR_BLOCK = 16384
 #: Value of an empty signature slot (datasketch's max hash for affine32).
 EMPTY = np.uint32(0xFFFFFFFF)
 
@@ -236,10 +240,13 @@ def is_empty(sig: np.ndarray, block: int = 8192) -> np.ndarray:
 
 def estimate_jaccard(sig: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     """``float64[len(i)]``: fraction of equal signature slots of rows ``i`` and ``j``
-    (the MinHash estimator of Jaccard similarity, Broder 1997)."""
-    if len(i) == 0:
-        return np.zeros(0)
-    return (sig[i] == sig[j]).mean(axis=1)
+    (the MinHash estimator of Jaccard similarity, Broder 1997), :data:`PAIR_BLOCK` pairs
+    at a time (the ``bool[block, p]`` comparison is the only temporary)."""
+    i, j = np.asarray(i), np.asarray(j)
+    out = np.zeros(len(i))
+    for a in range(0, len(i), PAIR_BLOCK):
+        out[a:a + PAIR_BLOCK] = (sig[i[a:a + PAIR_BLOCK]] == sig[j[a:a + PAIR_BLOCK]]).mean(axis=1)
+    return out
 
 
 def candidate_probability(jaccard: float, bands: int, rows: int) -> float:
@@ -274,6 +281,46 @@ def band_keys(sig: np.ndarray, rows: int, band_lo: int, band_hi: int) -> np.ndar
     return keys
 
 
+def _bucket_pairs(kc: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``int64[m]`` codes ``i · 2^32 + j`` (``i < j``) of all pairs of rows ``ids`` sharing
+    a key of ``kc`` (``uint64[len(ids)]``, one band's keys); a bucket of ``s`` rows gives
+    ``s(s−1)/2`` codes. Unsorted."""
+    order = np.argsort(kc, kind="stable")
+    ks, ids = kc[order], ids[order]
+    if ks.size < 2:
+        return np.zeros(0, dtype=np.int64)
+    brk = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1], [True])))
+    sizes = np.diff(brk)
+    found = []
+    two = brk[:-1][sizes == 2]  # most buckets are pairs: one vector operation for all of them
+    if two.size:
+        a, b = ids[two].astype(np.int64), ids[two + 1].astype(np.int64)
+        found.append((np.minimum(a, b) << 32) | np.maximum(a, b))
+    for bstart, bsize in zip(brk[:-1][sizes > 2], sizes[sizes > 2]):
+        members = np.sort(ids[bstart:bstart + bsize]).astype(np.int64)
+        ii, jj = np.triu_indices(bsize, 1)
+        found.append((members[ii] << 32) | members[jj])
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def _decode(codes: np.ndarray) -> np.ndarray:
+    """``int64[m, 2]`` pairs of :func:`_bucket_pairs` codes."""
+    return np.stack((codes >> 32, codes & 0xFFFFFFFF), axis=1) if codes.size else np.zeros((0, 2), dtype=np.int64)
+
+
+def _rows_of(n: int, skip: np.ndarray | None) -> np.ndarray:
+    if n >= 1 << 31:
+        raise ValueError(f"{n} rows: pair codes hold row indices below 2^31")
+    return np.arange(n) if skip is None else np.flatnonzero(~skip)
+
+
+def _select_group(pairs: np.ndarray, group: np.ndarray | None, cross_group: bool) -> np.ndarray:
+    if group is None or not len(pairs):
+        return pairs
+    same = group[pairs[:, 0]] == group[pairs[:, 1]]
+    return pairs[~same] if cross_group else pairs[same]
+
+
 def candidate_pairs(keys: np.ndarray, group: np.ndarray | None = None, cross_group: bool = False,
                     skip: np.ndarray | None = None) -> np.ndarray:
     """Candidate pairs of rows sharing a key in any column of ``keys`` (``uint64[n, nb]``).
@@ -282,49 +329,56 @@ def candidate_pairs(keys: np.ndarray, group: np.ndarray | None = None, cross_gro
     within one group, with ``cross_group=True`` pairs across groups; ``skip`` (``bool[n]``)
     excludes rows (e.g. empty signatures). Returns ``int64[m, 2]`` with ``i < j``, unique,
     sorted lexicographically. A bucket of ``s`` rows yields all ``s(s−1)/2`` pairs.
+    Raises ``ValueError`` for ``n ≥ 2^31`` rows.
     """
-    n = keys.shape[0]
-    idx_all = np.arange(n) if skip is None else np.flatnonzero(~skip)
-    found = []
-    for col in range(keys.shape[1]):
-        kc = keys[idx_all, col]
-        order = np.argsort(kc, kind="stable")
-        ks, ids = kc[order], idx_all[order]
-        if ks.size < 2:
-            continue
-        brk = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1], [True])))
-        sizes = np.diff(brk)
-        for bstart, bsize in zip(brk[:-1][sizes > 1], sizes[sizes > 1]):
-            members = np.sort(ids[bstart:bstart + bsize])
-            ii, jj = np.triu_indices(bsize, 1)
-            found.append(np.stack((members[ii], members[jj]), axis=1))
-    if not found:
-        return np.zeros((0, 2), dtype=np.int64)
-    pairs = np.unique(np.concatenate(found).astype(np.int64), axis=0)
-    if group is not None:
-        same = group[pairs[:, 0]] == group[pairs[:, 1]]
-        pairs = pairs[~same] if cross_group else pairs[same]
-    return pairs
+    idx_all = _rows_of(keys.shape[0], skip)
+    codes = [_bucket_pairs(keys[idx_all, col], idx_all) for col in range(keys.shape[1])]
+    return _select_group(_decode(np.unique(np.concatenate(codes))) if codes else _decode(np.zeros(0, np.int64)),
+                         group, cross_group)
+
+
+def band_pair_blocks(sig: np.ndarray, rows: int, band_lo: int, band_hi: int, group: np.ndarray | None = None,
+                     cross_group: bool = False, skip: np.ndarray | None = None) -> Iterator[np.ndarray]:
+    """The candidate pairs of bands ``band_lo … band_hi − 1`` of ``sig`` (``uint32[n, p]``)
+    one band at a time, each pair once: band ``β`` yields ``int64[m, 2]`` (``i < j``,
+    sorted) of the rows sharing its key and no key of an earlier band of the range.
+
+    The blocks are disjoint and their union is :func:`band_pairs` of the same arguments,
+    so a caller can count and filter candidates while holding one band's pairs and one
+    band's keys (8 bytes per row), never the whole candidate set. ``group``, ``cross_group``
+    and ``skip`` as in :func:`candidate_pairs`. Raises ``ValueError`` when the bands do not
+    fit ``sig`` or for ``n ≥ 2^31`` rows."""
+    if not 0 <= band_lo <= band_hi or band_hi * rows > sig.shape[1]:
+        raise ValueError(f"bands [{band_lo}, {band_hi}) x {rows} rows do not fit {sig.shape[1]} permutations")
+    idx_all = _rows_of(sig.shape[0], skip)
+    for beta in range(band_lo, band_hi):
+        codes = np.sort(_bucket_pairs(band_keys(sig, rows, beta, beta + 1)[idx_all, 0], idx_all))
+        kept = [np.zeros((0, 2), dtype=np.int64)]
+        for a in range(0, len(codes), PAIR_BLOCK):  # decode, filter and test one block at a time
+            p = _select_group(_decode(codes[a:a + PAIR_BLOCK]), group, cross_group)
+            if beta > band_lo and len(p):
+                ki, kj = band_keys(sig[p[:, 0]], rows, band_lo, beta), band_keys(sig[p[:, 1]], rows, band_lo, beta)
+                p = p[~(ki == kj).any(axis=1)]
+            kept.append(p)
+        del codes
+        yield np.concatenate(kept)
 
 
 def band_pairs(sig: np.ndarray, rows: int, band_lo: int, band_hi: int, group: np.ndarray | None = None,
                cross_group: bool = False, skip: np.ndarray | None = None) -> np.ndarray:
     """:func:`candidate_pairs` of :func:`band_keys` ``(sig, rows, band_lo, band_hi)``, the
-    same ``int64[m, 2]`` array, with the keys of one band at a time (``8`` bytes per row
-    instead of ``8 × bands``). Raises ``ValueError`` when the bands do not fit ``sig``."""
-    if not 0 <= band_lo <= band_hi or band_hi * rows > sig.shape[1]:
-        raise ValueError(f"bands [{band_lo}, {band_hi}) x {rows} rows do not fit {sig.shape[1]} permutations")
-    return merge_pairs(candidate_pairs(band_keys(sig, rows, beta, beta + 1), group, cross_group, skip)
-                       for beta in range(band_lo, band_hi))
+    same ``int64[m, 2]`` array, from :func:`band_pair_blocks` (one band's keys at a time,
+    ``8`` bytes per row instead of ``8 × bands``). Raises ``ValueError`` when the bands do
+    not fit ``sig``."""
+    return merge_pairs(band_pair_blocks(sig, rows, band_lo, band_hi, group, cross_group, skip))
 
 
 def merge_pairs(parts: Iterable[np.ndarray]) -> np.ndarray:
-    """Union of candidate-pair arrays (``int64[m, 2]`` each) from band-range steps:
-    unique rows sorted lexicographically, the same array a one-step run produces."""
-    parts = [np.asarray(p, dtype=np.int64).reshape(-1, 2) for p in parts]
-    if not parts:
-        return np.zeros((0, 2), dtype=np.int64)
-    return np.unique(np.concatenate(parts), axis=0)
+    """Union of candidate-pair arrays (``int64[m, 2]`` each, row indices below 2^31) from
+    band-range steps: unique rows sorted lexicographically, the same array a one-step run
+    produces."""
+    codes = [(p[:, 0] << 32) | p[:, 1] for p in (np.asarray(p, dtype=np.int64).reshape(-1, 2) for p in parts)]
+    return _decode(np.unique(np.concatenate(codes))) if codes else np.zeros((0, 2), dtype=np.int64)
 
 
 class UnionFind:

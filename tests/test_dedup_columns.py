@@ -122,3 +122,67 @@ def test_band_pairs_equal_the_all_band_index():
         assert len(one) and np.array_equal(mh.band_pairs(sig, 6, 0, 20, group=group, cross_group=cross), one)
     with pytest.raises(ValueError, match="do not fit"):
         mh.band_pairs(sig, 8, 0, 17)
+
+
+def test_band_pair_blocks_give_each_candidate_once():
+    rng = np.random.default_rng(2)
+    sig = rng.integers(0, 3, (400, 128), dtype=np.uint32)  # few values: pairs share many bands
+    group = rng.integers(0, 4, 400)
+    skip = rng.random(400) < 0.1
+    for cross in (False, True):
+        one = mh.candidate_pairs(mh.band_keys(sig, 6, 2, 19), group=group, cross_group=cross, skip=skip)
+        blocks = list(mh.band_pair_blocks(sig, 6, 2, 19, group=group, cross_group=cross, skip=skip))
+        assert len(blocks) == 17 and all(len(b) == len(np.unique(b, axis=0)) for b in blocks)
+        every = np.concatenate(blocks)
+        per_band = sum(len(mh.candidate_pairs(mh.band_keys(sig, 6, b, b + 1), group=group, cross_group=cross,
+                                              skip=skip)) for b in range(2, 19))
+        assert per_band > len(one) > 200  # some pairs share several bands ...
+        assert len(every) == len(one)  # ... and come in one block only ...
+        assert np.array_equal(np.unique(every, axis=0), one)  # ... whose union is the index's pairs
+        assert not skip[every].any() and (every[:, 0] < every[:, 1]).all()
+
+
+def _near_texts(n_families: int, per_family: int, seed: int) -> list[DedupRecord]:
+    """Families of texts of 300 random identifiers, each member a copy of its family's base
+    with 0.3–3 % of the tokens replaced: Jaccard of 5-shingles from about 0.6 to 1, so some
+    pairs pass the 0.7 estimate and fail the exact check."""
+    rng = random.Random(seed)
+    words = [f"id{k}" for k in range(5000)]
+    out = []
+    for f in range(n_families):
+        base = [rng.choice(words) for _ in range(300)]
+        for m in range(per_family):
+            toks = list(base)
+            for p in rng.sample(range(300), int(300 * rng.uniform(0.003, 0.03))):
+                toks[p] = rng.choice(words)
+            out.append(DedupRecord(f"s{f % 2}/f{f:03d}_{m}.c", f"s{f % 2}", f % 2, f"f{f:03d}_{m}.c", "permissive",
+                                   " ".join(toks) + "\n"))
+    return out
+
+
+def test_verification_in_blocks_decides_as_one_block(monkeypatch):
+    from megacpp_core import dedup as dd
+
+    records = _near_texts(12, 8, seed=3)
+    calls = []
+
+    def run(block: int):
+        monkeypatch.setattr(dd, "VERIFY_BLOCK_RECORDS", block)
+        given = {r.doc_key: r.text for r in records}
+
+        def load(keys):
+            calls.append(len(keys))
+            return ((k, given[k]) for k in sorted(keys))
+
+        bare = [DedupRecord(r.doc_key, r.source, r.source_order, r.path, r.license_class, None,
+                            hashlib.sha256(r.text.encode()).hexdigest()) for r in records]
+        return dd.deduplicate(bare, signatures={r.doc_key: s for r, s in zip(records, mh.signatures([r.text for r in records]))},
+                              load_texts=load)
+
+    one = run(10**6)
+    one_calls, calls[:] = list(calls), []
+    small = run(3)
+    assert one.figures["near_removed"] > 0 and one.figures["near_rejected_by_exact"] > 0
+    assert len(calls) > len(one_calls) and max(calls) <= 3  # several blocks of at most 3 records
+    assert small.decisions == one.decisions and small.clusters == one.clusters
+    assert {k: v for k, v in small.figures.items()} == one.figures
