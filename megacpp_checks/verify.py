@@ -33,7 +33,7 @@ from .report import VerifyReport
 BOS_ID = 2
 #: Tokens of document zero printed by the gate (SPEC §7).
 PREVIEW_TOKENS = 64
-#: Tokens per memmap chunk of the id-range scan (64 MiB of int32).
+#: Tokens per chunk of the sequential .bin scan (id range, first tokens): 64 MiB of int32.
 SCAN_CHUNK_TOKENS = 1 << 24
 SIDECAR_FORMAT = "megacpp-megatron-sidecar/1"
 _SIDECAR_STR_KEYS = ("tokenizer_path", "tokenizer_sha256", "documents_path",
@@ -106,19 +106,27 @@ def _load_sidecar(path: Path, fail: Callable[[Path, str, str], None]) -> dict | 
     return doc
 
 
-def _token_range(tokens: np.ndarray) -> tuple[int, int, int, int]:
-    """(min, max, offset of first min, offset of first max) over a 1-D memmap, in chunks."""
-    lo = hi = int(tokens[0])
+def _scan_bin(path: Path, dtype: np.dtype, count: int, starts: np.ndarray) -> tuple[int, int, int, int, np.ndarray]:
+    """One sequential read of the ``.bin``: ``(min, max, offset of first min, offset of first
+    max, tokens at starts)``, with ``starts`` ``int64[d]`` ascending token offsets (the
+    documents' first tokens). Reads :data:`SCAN_CHUNK_TOKENS` tokens at a time into a fresh
+    buffer (not a memory map, whose pages would stay resident): memory is one chunk,
+    whatever the size of the dataset."""
+    lo = hi = None
     lo_at = hi_at = 0
-    for start in range(0, tokens.size, SCAN_CHUNK_TOKENS):
-        chunk = np.asarray(tokens[start:start + SCAN_CHUNK_TOKENS])
-        if int(chunk.min()) < lo:
-            lo_at = start + int(chunk.argmin())
-            lo = int(chunk[lo_at - start])
-        if int(chunk.max()) > hi:
-            hi_at = start + int(chunk.argmax())
-            hi = int(chunk[hi_at - start])
-    return lo, hi, lo_at, hi_at
+    firsts = np.empty(len(starts), dtype=np.int64)
+    with open(path, "rb") as fh:
+        for start in range(0, count, SCAN_CHUNK_TOKENS):
+            chunk = np.fromfile(fh, dtype=dtype, count=min(SCAN_CHUNK_TOKENS, count - start))
+            if lo is None or int(chunk.min()) < lo:
+                lo_at = start + int(chunk.argmin())
+                lo = int(chunk[lo_at - start])
+            if hi is None or int(chunk.max()) > hi:
+                hi_at = start + int(chunk.argmax())
+                hi = int(chunk[hi_at - start])
+            a, b = np.searchsorted(starts, [start, start + chunk.size])
+            firsts[a:b] = chunk[starts[a:b] - start]
+    return lo, hi, lo_at, hi_at, firsts
 
 
 def verify_megatron(
@@ -210,11 +218,17 @@ def verify_megatron(
             fail(x, f"dtype code {info.dtype_code}: {info.dtype.name} index cannot hold ids of a "
                     f"{vocab_size}-token vocabulary (allowed: {', '.join(allowed)})", "dtype")
 
-    tokens = None
+    tokens, firsts = None, None
+    if info is not None and bin_ok:
+        cum = np.concatenate([[0], np.cumsum(info.sequence_lengths, dtype=np.int64)])
+        starts = cum[info.document_indices[:-1]]
+        sizes = cum[info.document_indices[1:]] - starts
+        nonempty = sizes > 0
+        firsts = np.full(info.document_count, -1, dtype=np.int64)
     if bin_ok and info.token_count:
-        tokens = np.memmap(b, dtype=info.dtype, mode="r", shape=(info.token_count,))
+        tokens = np.memmap(b, dtype=info.dtype, mode="r", shape=(info.token_count,))  # document zero only
+        lo, hi, lo_at, hi_at, firsts[nonempty] = _scan_bin(b, info.dtype, info.token_count, starts[nonempty])
     if tokens is not None and vocab_size is not None:
-        lo, hi, lo_at, hi_at = _token_range(tokens)
         figures.update(min_token=lo, max_token=hi)
         ends = np.cumsum(info.sequence_lengths, dtype=np.int64)
         if lo < 0:
@@ -236,13 +250,6 @@ def verify_megatron(
 
     doc0 = None
     if info is not None and bin_ok:
-        cum = np.concatenate([[0], np.cumsum(info.sequence_lengths, dtype=np.int64)])
-        starts = cum[info.document_indices[:-1]]
-        sizes = cum[info.document_indices[1:]] - starts
-        nonempty = sizes > 0
-        firsts = np.full(info.document_count, -1, dtype=np.int64)
-        if tokens is not None:
-            firsts[nonempty] = tokens[starts[nonempty]]
         bad = np.flatnonzero(~nonempty | (firsts != BOS_ID))
         if bad.size:
             d = int(bad[0])

@@ -161,3 +161,26 @@ def test_missing_bos(tmp_path, tokenizer_file):
     ids[np.flatnonzero(ids == 2)[1]] = 3
     ids.tofile(path)
     assert_fails(prefix, "1 of 4 documents do not start with BOS id 2 (first: document 1", "[bos]")
+
+
+def test_bin_scan_in_small_chunks_finds_the_same_failures(tmp_path, tokenizer_file, monkeypatch):
+    """The .bin is scanned in chunks of SCAN_CHUNK_TOKENS (a sequential read, not a memory
+    map): with 5-token chunks every document spans chunk boundaries, and the gate still
+    passes the clean dataset and names the same document and token offsets."""
+    from megacpp_checks import verify as v
+
+    monkeypatch.setattr(v, "SCAN_CHUNK_TOKENS", 5)
+    prefix = build(tmp_path, tokenizer_file, checksums=False)
+    assert verify_megatron(prefix).ok
+    path = tmp_path / "ds" / "train.bin"
+    ids = np.fromfile(path, dtype=np.int32)
+    bos = np.flatnonzero(ids == 2)
+    ids[bos[3]] = 7  # document 3 no longer starts with BOS
+    ids[bos[2] + 3] = DECLARED_VOCAB + 9  # an out-of-range id inside document 2
+    ids.tofile(path)
+    report = verify_megatron(prefix)
+    text = "\n".join(report.failures)
+    assert "1 of 4 documents do not start with BOS id 2 (first: document 3, starts with 7)" in text, text
+    assert f"token id {DECLARED_VOCAB + 9} >= vocab_size {DECLARED_VOCAB} at token {bos[2] + 3} (sequence 2)" in text, text
+    monkeypatch.setattr(v, "SCAN_CHUNK_TOKENS", 1 << 24)
+    assert verify_megatron(prefix).failures == report.failures

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from megacpp_checks import verify
 
@@ -63,8 +64,9 @@ def _document_level(ctx, tok, info: dict, d, prefix, docs_out: ParquetStream) ->
             continue
         inputs, _, _, raw = pack_inputs.packed_documents(docs, ctx.settings, tok, info["sha256"])
         seqs = [x.ids for x in inputs]
-        texts = [t if len(q) == len(raw_ids) else tk.decode(tok, q[1:])
-                 for t, q, raw_ids in zip(raw.column("text").to_pylist(), seqs, raw.column("input_ids").to_pylist())]
+        raw_lengths = pc.list_value_length(raw.column("input_ids")).to_numpy(zero_copy_only=False).tolist()
+        texts = [t if len(q) == n else tk.decode(tok, q[1:])  # a FIM document is decoded from its ids
+                 for t, q, n in zip(raw.column("text").to_pylist(), seqs, raw_lengths)]
         part = d / f"part-{j:05d}"
         megatron.write_indexed_dataset(part, iter(seqs), info["vocab_size"], backend=MERGE_BACKEND)
         parts.append(part)
