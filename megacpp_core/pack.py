@@ -413,6 +413,11 @@ def check_row_arrays(inp: np.ndarray, tgt: np.ndarray, msk: np.ndarray, dids: np
     return in_valid
 
 
+#: Rows checked at once by the callers of :func:`check_rows` on many rows (the packer, the
+#: packed gate): its ``(rows, L)`` matrices are a few MiB each at L = 8,192 (implementation choice).
+CHECK_ROWS = 128
+
+
 def check_rows(table: pa.Table, row_length: int, vocab_size: int, bos_id: int, pad_id: int, where: str = "rows") -> dict:
     """Assert the SPEC §6 row contract on every row; return summary figures.
 

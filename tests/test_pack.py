@@ -92,7 +92,7 @@ def test_shards_sentinel_written_last_and_readers_refuse_without_it(tmp_path):
     assert not verify_packed_dir(tmp_path, out=lambda m: None).ok
 
 
-def test_verify_reads_row_groups_and_finds_a_bad_row_and_a_repeated_pack_id(tmp_path):
+def test_verify_reads_row_groups_and_finds_a_bad_row_and_a_repeated_pack_id(tmp_path, monkeypatch):
     """The gate checks a file row group by row group (memory: one row group): a broken row
     in a later row group is named with its row group, and a ``pack_id`` repeated across
     files (each file valid alone) fails the directory."""
@@ -116,6 +116,16 @@ def test_verify_reads_row_groups_and_finds_a_bad_row_and_a_repeated_pack_id(tmp_
                       tokenizer_sha256="x" * 64, max_docs_per_shard=10_000, row_group_size=16)
     r = verify_packed_dir(bad, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V)
     assert not r.ok and "(row group 1)" in r.failures[0]
+
+    # a row group is checked CHECK_ROWS rows at a time: every row still counted, the bad
+    # row (row 4 of row group 1) named with its slice
+    import megacpp_checks.packed as packed_gate
+
+    monkeypatch.setattr(packed_gate, "CHECK_ROWS", 5)
+    assert verify_packed_dir(good, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V).figures["rows"] == t.num_rows
+    r = verify_packed_dir(bad, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V)
+    assert not r.ok and "(row group 1) rows 0..4" in r.failures[0], r.failures
+    monkeypatch.undo()
 
     twice = tmp_path / "twice"
     pack.write_shards(t, twice, row_length=128, vocab_size=V, tokenizer_sha256="x" * 64, max_docs_per_shard=100)
