@@ -8,8 +8,8 @@ every file satisfies the row contract twice: the pandera schema
 (:mod:`megacpp_checks.schemas.packed`) and :func:`megacpp_core.pack.check_rows`.
 
 Memory is one row group (SPEC §6: 1,024 rows), not a file: the sha256 is streamed and
-the rows are read row group by row group, then checked :data:`CHECK_ROWS` rows at a time
-(the checks build ``(rows, L)`` matrices); ``pack_id`` uniqueness, the one rule across
+the rows are read and checked :data:`CHECK_ROWS` rows at a time, row group by row group
+(record batches; the checks build ``(rows, L)`` matrices); ``pack_id`` uniqueness, the one rule across
 rows, is checked over the whole directory from the ids alone.
 """
 
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from megacpp_core import pack
 from megacpp_core import tokenizer as tk
@@ -84,12 +85,12 @@ def verify_packed_dir(path: str | os.PathLike, out: Callable[[str], None] = prin
             continue
         pf = d.parquet_file(f["file"])
         for g in range(pf.num_row_groups):
-            table = pf.read_row_group(g)
             where_g = f"{fp} (row group {g})" if pf.num_row_groups > 1 else fp
-            bad = len(failures)
-            for a in range(0, max(table.num_rows, 1), CHECK_ROWS):
-                part = table.slice(a, CHECK_ROWS)
-                where_p = where_g if table.num_rows <= CHECK_ROWS else f"{where_g} rows {a}..{a + part.num_rows - 1}"
+            n_g, bad, a = pf.metadata.row_group(g).num_rows, len(failures), 0
+            for batch in pf.iter_batches(batch_size=CHECK_ROWS, row_groups=[g], use_threads=False):
+                part = pa.Table.from_batches([batch])
+                where_p = where_g if n_g <= CHECK_ROWS else f"{where_g} rows {a}..{a + part.num_rows - 1}"
+                a += part.num_rows
                 ok, detail = validate_packed(part, sentinel["row_length"], sentinel["vocab_size"], tk.BOS_ID,
                                              tk.PAD_ID, where=where_p)
                 if not ok:
@@ -103,10 +104,9 @@ def verify_packed_dir(path: str | os.PathLike, out: Callable[[str], None] = prin
                     break
                 rows += s["rows"]
                 tokens += s["tokens"]
+                ids.append(part.column("pack_id").to_numpy())
             if len(failures) > bad:
                 break
-            ids.append(table.column("pack_id").to_numpy())
-            del table
     if ids and not failures:
         every = np.concatenate(ids)
         uniq, counts = np.unique(every, return_counts=True)
