@@ -61,16 +61,26 @@ def read_ref_signatures(ref) -> tuple[pa.ChunkedArray, np.ndarray]:
     return t.column("doc_key"), np.array(signature_matrix(t, ref.uri), dtype=np.uint32, copy=True)
 
 
-def snapshot_signatures(refs, width: int) -> tuple[list[str], list[str], np.ndarray]:
-    """Every revision's signatures, in manifest order: ``(doc_keys, source names,
-    uint32[n, width])``. ``refs``: per-shard inputs with ``.source``, ``.iter_batches``
-    and ``.uri`` (:func:`read_ref_signatures`: on the xl snapshot's 61 shards, reading
-    whole tables on arrow's thread pool kept about 200 MB of decoded buffers alive)."""
+def snapshot_signatures(refs, width: int, source_ids: dict[str, int],
+                        columns: slice = slice(None)) -> tuple[pa.ChunkedArray, np.ndarray, np.ndarray]:
+    """Every revision's signatures, in input order: ``(doc_key column, int32[n] source ids,
+    uint32[n, k])`` with ``k`` the permutations ``columns`` selects of ``width`` (a band
+    range reads only its own: 56 of 128 for 7 bands × 8 rows). ``refs``: per-shard inputs
+    with ``.source``, ``.iter_batches`` and ``.uri`` (:func:`read_ref_signatures`: on the
+    xl snapshot's 61 shards, reading whole tables on arrow's thread pool kept about 200 MB
+    of decoded buffers alive); ``source_ids`` maps each ``.source`` to its id (manifest
+    order). The keys stay an arrow column, the sources integers: a few bytes per document
+    besides the selected signature columns. Raises ``KeyError`` for a source not in
+    ``source_ids``."""
     keys, srcs, sigs = [], [], []
+    k = len(range(width)[columns])
     for ref in refs:
-        k, sg = read_ref_signatures(ref)
-        keys += k.to_pylist()
-        srcs += [ref.source] * len(k)
-        sigs.append(sg if len(sg) else np.zeros((0, width), np.uint32))
+        key, sg = read_ref_signatures(ref)
+        keys.append(key)
+        srcs.append(np.full(len(key), source_ids[ref.source], dtype=np.int32))
+        sigs.append(np.ascontiguousarray(sg[:, columns]) if len(sg) else np.zeros((0, k), np.uint32))
+        del sg
     pa.default_memory_pool().release_unused()
-    return keys, srcs, (np.concatenate(sigs) if sigs else np.zeros((0, width), np.uint32))
+    return (pa.chunked_array([c for key in keys for c in key.chunks], pa.string()),
+            np.concatenate(srcs) if srcs else np.zeros(0, np.int32),
+            np.concatenate(sigs) if sigs else np.zeros((0, k), np.uint32))

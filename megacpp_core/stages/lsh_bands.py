@@ -13,6 +13,7 @@ import functools
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import catalog, dedup
 from ..signatures import snapshot_signatures
@@ -26,15 +27,21 @@ def compute(lo: int, hi: int, ctx) -> Result:
     """The candidate pairs of bands ``lo``..``hi``-1 (bound per stage with ``functools.partial``,
     which pickles by name: ``megacpp run --workers`` sends stage declarations to its workers)."""
     out = catalog.LSH_PAIRS[(lo, hi)].name
-    keys, srcs, sig = snapshot_signatures(ctx.inputs("minhash"), ctx.settings.minhash_num_perm)
+    rows_ = dedup.CROSS_ROWS
     order = {x.name: i for i, x in enumerate(ctx.sources)}
-    src_id = np.array([order[n] for n in srcs], dtype=np.int64)
-    pairs = dedup.cross_source_candidates(sig, src_id, lo, hi)
-    rows = sorted((min(keys[i], keys[j]), max(keys[i], keys[j])) for i, j in pairs.tolist())
-    table = pa.table({"doc_key_a": pa.array([r[0] for r in rows], pa.string()),
-                      "doc_key_b": pa.array([r[1] for r in rows], pa.string())})
-    cross = all(srcs[i] != srcs[j] for i, j in pairs.tolist())
-    figures = {"band_lo": lo, "band_hi": hi, "rows_per_band": dedup.CROSS_ROWS, "documents": len(keys),
+    # only this range's permutations (columns lo·r … hi·r − 1), as bands 0 … hi − lo − 1
+    keys, src_id, sig = snapshot_signatures(ctx.inputs("minhash"), ctx.settings.minhash_num_perm, order,
+                                            slice(lo * rows_, hi * rows_))
+    pairs = dedup.cross_source_candidates(sig, src_id, 0, hi - lo)
+    del sig
+    a = keys.take(pa.array(pairs[:, 0])) if len(pairs) else pa.array([], pa.string())
+    b = keys.take(pa.array(pairs[:, 1])) if len(pairs) else pa.array([], pa.string())
+    first = pc.less(a, b)
+    table = pa.table({"doc_key_a": pc.if_else(first, a, b), "doc_key_b": pc.if_else(first, b, a)})
+    table = table.take(pc.sort_indices(table, sort_keys=[("doc_key_a", "ascending"), ("doc_key_b", "ascending")]))
+    table = pa.table({c: table.column(c).combine_chunks() for c in table.column_names})
+    cross = bool((src_id[pairs[:, 0]] != src_id[pairs[:, 1]]).all()) if len(pairs) else True
+    figures = {"band_lo": lo, "band_hi": hi, "rows_per_band": rows_, "documents": len(keys),
                "candidate_pairs": table.num_rows, "index_bytes_per_document": (hi - lo) * 12,
                "all_pairs_cross_source": cross}
     return Result({out: table}, figures)
