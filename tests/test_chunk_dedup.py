@@ -62,3 +62,32 @@ def test_real_chunks_duplicated_never_lose_a_non_whitelisted_chunk(tiny_run):
     stored = read_parquet(layout.stage_dir("documents") / "chunk_drops.parquet")
     assert set(stored.column("kind").to_pylist()) <= WHITELIST
     assert layout.read_figures("chunk_dedup")["chunks_in"] == docs.num_rows
+
+
+def test_stage_reads_texts_only_of_shards_with_whitelisted_chunks(tmp_path):
+    """The snapshot step reads a shard's ``kind`` column first: a shard without a
+    whitelisted chunk never has its texts read (here it has no ``text`` column at all, so
+    reading it would raise), and the other shard's duplicates are dropped."""
+    import types
+
+    import pyarrow.parquet as pq
+
+    from megacpp_core.stages import chunk_dedup as stage
+
+    def shard(name, rows, with_text=True):
+        t = pa.table({"doc_key": [r[0] for r in rows], "license_class": ["permissive"] * len(rows),
+                      "source": ["s"] * len(rows), "path": [r[0].split("#")[0] for r in rows],
+                      "chunk_index": pa.array(range(len(rows)), pa.int32()), "kind": [r[1] for r in rows]})
+        if with_text:
+            t = t.append_column("text", pa.array([r[2] for r in rows], pa.string()))
+        pq.write_table(t, tmp_path / name)
+        return types.SimpleNamespace(parquet_file=lambda: pq.ParquetFile(tmp_path / name))
+
+    body = "int f(int x) {\n  return x + 1;\n}\n"
+    no_whitelisted = shard("a.parquet", [("a.c#0", "OTHER", ""), ("a.c#1", "PREAMBLE", "")], with_text=False)
+    dupes = shard("b.parquet", [("b.c#0", "FUNC_BODY", body), ("b.c#1", "FUNC_BODY", body), ("b.c#2", "OTHER", body)])
+    ctx = types.SimpleNamespace(inputs=lambda name: [no_whitelisted, dupes], sources=[types.SimpleNamespace(name="s")])
+    out = stage.compute(ctx)
+    drops = out.outputs["chunk_drops"]
+    assert drops.column("doc_key").to_pylist() == ["b.c#1"] and drops.column("kept_twin").to_pylist() == ["b.c#0"]
+    assert out.figures["chunks_in"] == 5 and out.figures["whitelisted_chunks"] == 2

@@ -1,7 +1,8 @@
 """Stage 7 — chunk-level dedup (SPEC §4 "Dedup").
 
 Per snapshot, on hashes only. Input: every shard's ``chunks``, read shard by shard in
-record batches; only the whitelisted chunks' ``kind`` and normalized-text hash are kept
+record batches (a shard without a whitelisted chunk is read for its ``kind`` column only,
+never its texts); only the whitelisted chunks' ``kind`` and normalized-text hash are kept
 (:func:`megacpp_core.chunk_dedup.chunk_hashes`), never their texts. Output:
 ``chunk_drops`` — each dropped chunk with its kept twin, the first of its hash in snapshot
 keep order (:func:`megacpp_core.kept.document_order`), so the decision does not depend on
@@ -12,6 +13,7 @@ CLASS_DECL, TYPEDEF and NAMESPACE chunks may be dropped.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import catalog, chunk_dedup
 from .. import kept as kept_files
@@ -19,14 +21,18 @@ from ..stage import Partitioning, Result, Stage
 
 #: Columns read from each chunks shard (the text only to hash it, one batch at a time).
 COLUMNS = kept_files.DOCUMENT_ORDER_COLUMNS + ["kind", "text"]
-BATCH_ROWS = 4096
+BATCH_ROWS = 1024
 
 
 def compute(ctx) -> Result:
     refs, parts, chunks_in = ctx.inputs("chunks"), [], 0
+    whitelist = pa.array(sorted(chunk_dedup.WHITELIST), pa.string())
     for ref in refs:
-        for batch in ref.parquet_file().iter_batches(batch_size=BATCH_ROWS, columns=COLUMNS):
-            chunks_in += batch.num_rows
+        pf = ref.parquet_file()
+        chunks_in += pf.metadata.num_rows
+        if not pc.any(pc.is_in(pf.read(columns=["kind"], use_threads=False).column("kind"), value_set=whitelist)).as_py():
+            continue  # no whitelisted chunk: the shard's texts are never read
+        for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=COLUMNS, use_threads=False):
             parts.append(chunk_dedup.chunk_hashes(pa.Table.from_batches([batch])))
     order = {s.name: i for i, s in enumerate(ctx.sources)}
     hashes = kept_files.document_order(pa.concat_tables(parts), order) if parts else None
