@@ -6,7 +6,7 @@ the cross-source candidate pairs of every LSH band range, held as columns: the m
 one arrow table in keep order, the signatures as one ``uint32[n, num_perm]`` matrix, the
 pairs as ``int64[m, 2]`` row indices (:func:`megacpp_core.dedup.deduplicate_columns`).
 Only the texts of records in a candidate pair whose estimate reaches the threshold are
-streamed (record batches, only from the shards holding them) for the exact-Jaccard
+streamed (record batches, only from the shards and row groups holding them) for the exact-Jaccard
 verification, and only their shingle-hash sets are kept.
 Outputs: ``decisions`` (keep/drop per file; a drop names its kept twin) and
 ``duplicate_clusters``; later stages read the kept files shard by shard
@@ -37,6 +37,11 @@ META_SCHEMA = pa.schema([("doc_key", pa.string()), ("source", pa.string()), ("so
                          ("path", pa.string()), ("license_class", pa.string()), ("content_sha256", pa.string())])
 
 
+#: Rows per record batch when candidate texts are streamed for the exact-Jaccard check
+#: (a batch's texts are the transient: at most 256 files of ``max_file_bytes``).
+TEXT_BATCH_ROWS = 256
+
+
 def _rows(keys: pa.Array, of: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """``int64[len(of)]``: the position of each of ``of`` in ``keys``, -1 when absent."""
     return pc.fill_null(pc.index_in(of, value_set=keys), -1).to_numpy().astype(np.int64)
@@ -58,11 +63,18 @@ def compute(ctx) -> Result:
     texts_read = [0]
 
     def load_texts(want: set[str]):
-        """Stream ``(doc_key, text)`` of ``want`` (record batches), reading only the shards
-        that hold them."""
+        """Stream ``(doc_key, text)`` of ``want``, reading only the shards that hold them
+        and, in those, only the row groups that do (found from the ``doc_key`` column),
+        :data:`TEXT_BATCH_ROWS` rows at a time."""
         value_set = pa.array(sorted(want), pa.string())
         for i in np.unique(shard_of[pc.is_in(keys, value_set=value_set).to_numpy(zero_copy_only=False)]).tolist():
-            for batch in shards[i].iter_batches(["doc_key", "text"]):
+            pf = shards[i].parquet_file()
+            hit_rows = np.flatnonzero(pc.is_in(pf.read(columns=["doc_key"], use_threads=False).column(0),
+                                               value_set=value_set).to_numpy(zero_copy_only=False))
+            ends = np.cumsum([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
+            groups = np.unique(np.searchsorted(ends, hit_rows, side="right")).tolist()
+            for batch in pf.iter_batches(batch_size=TEXT_BATCH_ROWS, row_groups=groups, columns=["doc_key", "text"],
+                                         use_threads=False):
                 hit = batch.filter(pc.is_in(batch.column(0), value_set=value_set))
                 texts_read[0] += hit.num_rows
                 yield from zip(hit.column(0).to_pylist(), hit.column(1).to_pylist())
