@@ -1,0 +1,196 @@
+"""Repository-level documents: the phase-3 ``p3_repo`` family's document builder (SPEC §5b).
+
+A revision's kept files become a few long documents: the files concatenated in
+**include-dependency order** (a header before every file that includes it; ties by path),
+each written after the file-separator special token and its path
+(:data:`FILE_HEADER`), and cut into **pieces** of at most ``budget`` tokens (65,536 for
+``p3_repo``, the BOS included) only at file boundaries. One piece is one document (one
+BOS). A single file longer than the budget is not cut here: it is returned apart, for
+the caller to fall back to its phase-2 split (and count it).
+
+Steps, each a pure function of its inputs (no order dependence, no Dagster):
+
+1. :func:`include_spellings` — the ``#include`` targets of one file as written, from the
+   tree-sitter ``preproc_include`` nodes (so an include inside a comment or a string does
+   not count, one under ``#if`` does).
+2. :func:`resolve_includes` — each spelling resolved to a file of the revision: the path
+   relative to the including file's directory when that file exists (the ``"..."`` rule
+   of C compilers), else the file whose path ends with ``/spelling`` (or equals it),
+   shortest path first, then the lexicographically smaller. Spellings naming no file of
+   the revision (system and third-party headers) are dropped.
+3. :func:`include_order` — Kahn's topological sort with the ready files taken in path
+   order, include cycles (two headers including each other behind guards) condensed
+   first (networkx strongly connected components), so a file outside a cycle never goes
+   before one of its includes and every revision has one order.
+4. :func:`cut_pieces` — consecutive files of that order packed greedily into pieces of at
+   most ``budget`` tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import tree_sitter
+import tree_sitter_c
+import tree_sitter_cpp
+
+from .chunk import grammar_of
+
+#: Special token that opens every file of a repository piece (a fixed tokenizer ID,
+#: SPEC §5 "file-separator markers"; :data:`megacpp_core.tokenizer.SPECIAL_TOKENS`).
+FILE_SEP = "<FILE_SEP>"
+#: What precedes each file's text in a piece: the separator, the path, a newline.
+FILE_HEADER = FILE_SEP + "{path}\n"
+#: ``p3_repo`` document budget in tokens, BOS included (SPEC §5b).
+P3_BUDGET = 65_536
+
+
+@functools.lru_cache(maxsize=None)
+def _include_query(grammar: str) -> tuple[tree_sitter.Parser, tree_sitter.Query]:
+    lang = tree_sitter.Language(tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language())
+    return tree_sitter.Parser(lang), tree_sitter.Query(lang, "(preproc_include path: (_) @path)")
+
+
+def include_spellings(text: str, language: str) -> list[str]:
+    """The targets of the ``#include`` directives of ``text`` as written, in file order,
+    without quotes or angle brackets (``"util/a.h"`` → ``util/a.h``). ``language`` is a
+    stage-1 label (``c``, ``cpp``, ``header``, ``cuda``: :func:`megacpp_core.chunk.grammar_of`);
+    raises ``ValueError`` for an unknown one. A macro include (``#include FOO_H``) has no
+    spelling and is skipped."""
+    parser, query = _include_query(grammar_of(language))
+    src = text.encode("utf-8", "surrogatepass")
+    tree = parser.parse(src)
+    nodes = tree_sitter.QueryCursor(query).captures(tree.root_node).get("path", [])
+    out = []
+    for node in sorted(nodes, key=lambda n: n.start_byte):
+        raw = src[node.start_byte:node.end_byte].decode("utf-8", "surrogatepass")
+        if len(raw) >= 2 and raw[0] in "\"<" and raw[-1] in "\">":
+            out.append(raw[1:-1].strip())
+    return out
+
+
+def resolve_includes(paths: Sequence[str], spellings: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """``{path: [included paths of the revision]}`` (module doc, step 2), each list in
+    first-include order without repeats or self-includes. ``paths``: the revision's file
+    paths (``/``-separated, relative); ``spellings``: :func:`include_spellings` per path
+    (missing paths include nothing)."""
+    have = set(paths)
+    by_tail: dict[str, list[str]] = {}
+    for p in paths:
+        parts = p.split("/")
+        for k in range(len(parts)):
+            by_tail.setdefault("/".join(parts[k:]), []).append(p)
+    for tail in by_tail.values():
+        tail.sort(key=lambda p: (len(p), p))
+    out: dict[str, list[str]] = {}
+    for p in sorted(paths):
+        seen: list[str] = []
+        for s in spellings.get(p, ()):
+            rel = posixpath.normpath(posixpath.join(posixpath.dirname(p), s))
+            target = rel if rel in have else (by_tail.get(posixpath.normpath(s).lstrip("/"), [None])[0])
+            if target is not None and target != p and target not in seen:
+                seen.append(target)
+        out[p] = seen
+    return out
+
+
+def _greedy(nodes: list[str], waiting: dict[str, set[str]], includers: dict[str, list[str]]) -> list[str]:
+    """Kahn's sort of ``nodes`` with ready files in path order; when none is ready (an
+    include cycle), the file with the fewest includes still unplaced goes next."""
+    ready = [p for p in nodes if not waiting[p]]
+    heapq.heapify(ready)
+    order: list[str] = []
+    left = set(nodes)
+    while left:
+        if not ready:
+            heapq.heappush(ready, min(left, key=lambda q: (len(waiting[q]), q)))
+        p = heapq.heappop(ready)
+        if p not in left:
+            continue
+        left.discard(p)
+        order.append(p)
+        for r in includers[p]:
+            if r in left and p in waiting[r]:
+                waiting[r].discard(p)
+                if not waiting[r]:
+                    heapq.heappush(ready, r)
+    return order
+
+
+def include_order(paths: Sequence[str], includes: Mapping[str, Sequence[str]]) -> list[str]:
+    """Every path of ``paths`` once, each file after the files it includes (module doc,
+    step 3). The include graph's strongly connected components (networkx
+    ``condensation``) are placed in topological order, the ready component with the
+    smallest path first; a component of one file is that file; inside an include cycle the
+    files go in path order as far as their includes allow, and when none is ready the one
+    with the fewest includes still unplaced goes next (ties by path). ``includes`` as
+    :func:`resolve_includes` returns (targets outside ``paths`` are ignored)."""
+    import networkx as nx
+
+    nodes = sorted(set(paths))
+    have = set(nodes)
+    g = nx.DiGraph()
+    g.add_nodes_from(nodes)
+    g.add_edges_from((q, p) for p in nodes for q in includes.get(p, ()) if q in have and q != p)
+    comp = nx.condensation(g)
+    first = {c: min(comp.nodes[c]["members"]) for c in comp.nodes}
+    order: list[str] = []
+    for c in nx.lexicographical_topological_sort(comp, key=first.__getitem__):
+        members = sorted(comp.nodes[c]["members"])
+        if len(members) == 1:
+            order += members
+            continue
+        inside = set(members)
+        waiting = {p: {q for q in g.predecessors(p) if q in inside} for p in members}
+        includers = {p: sorted(r for r in g.successors(p) if r in inside) for p in members}
+        order += _greedy(members, waiting, includers)
+    return order
+
+
+@dataclass
+class Pieces:
+    """Output of :func:`cut_pieces`: ``pieces`` (lists of paths, in order, one document
+    each), ``oversized`` (paths of files whose own tokens plus BOS exceed the budget, left
+    out of every piece) and ``tokens`` per piece (BOS included)."""
+
+    pieces: list[list[str]] = field(default_factory=list)
+    oversized: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
+def cut_pieces(order: Sequence[str], file_tokens: Mapping[str, int], budget: int = P3_BUDGET) -> Pieces:
+    """Consecutive files of ``order`` packed greedily into pieces of at most ``budget``
+    tokens, one BOS each (module doc, step 4). ``file_tokens[path]``: tokens of the file's
+    :data:`FILE_HEADER` plus its text (no BOS). A piece is closed when the next file does
+    not fit; a file that does not fit even alone goes to ``oversized``. Raises
+    ``ValueError`` for ``budget < 2`` or a negative token count."""
+    if budget < 2:
+        raise ValueError(f"budget must be >= 2 tokens, got {budget}")
+    out, cur, used = Pieces(), [], 1
+    for p in order:
+        n = file_tokens[p]
+        if n < 0:
+            raise ValueError(f"{p}: negative token count {n}")
+        if n + 1 > budget:
+            out.oversized.append(p)
+            continue
+        if cur and used + n > budget:
+            out.pieces.append(cur)
+            out.tokens.append(used)
+            cur, used = [], 1
+        cur.append(p)
+        used += n
+    if cur:
+        out.pieces.append(cur)
+        out.tokens.append(used)
+    return out
+
+
+def piece_text(paths: Sequence[str], texts: Mapping[str, str]) -> str:
+    """The text of one piece: each file's :data:`FILE_HEADER` then its text, in order (the
+    caller adds the BOS)."""
+    return "".join(FILE_HEADER.format(path=p) + texts[p] for p in paths)

@@ -1,0 +1,108 @@
+"""The phase-3 repository document builder (megacpp_core.repo_documents, SPEC §5b): include
+spellings from tree-sitter, their resolution inside a revision, the include-dependency
+order, and pieces cut only at file boundaries — on hostile snippets and on the real
+files of the tiny snapshot."""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import pytest
+
+from megacpp_core import repo_documents as rd
+from megacpp_core.layout import SnapshotLayout
+from megacpp_core.tokenizer import SPECIAL_TOKENS
+
+
+def test_file_separator_is_a_special_token():
+    assert rd.FILE_SEP in SPECIAL_TOKENS
+
+
+def test_include_spellings_come_from_directives_only():
+    text = (
+        '#include "a.h"\n'
+        "#include <vector>\n"
+        "// #include \"in_comment.h\"\n"
+        'const char *s = "#include \\"in_string.h\\"";\n'
+        "#if defined(X)\n#  include \"under_if.h\"\n#endif\n"
+        "#include FOO_HEADER\n"
+        "/* #include <blocked.h> */\n"
+        "#include  <sys/types.h>\n"
+    )
+    assert rd.include_spellings(text, "cpp") == ["a.h", "vector", "under_if.h", "sys/types.h"]
+    assert rd.include_spellings(text, "c") == ["a.h", "vector", "under_if.h", "sys/types.h"]
+    assert rd.include_spellings("", "header") == []
+    assert rd.include_spellings("#include \"\xe9t\xe9.h\"\nint x;\n", "c") == ["\xe9t\xe9.h"]
+    with pytest.raises(ValueError, match="unknown language"):
+        rd.include_spellings(text, "rust")
+
+
+def test_resolution_prefers_the_including_directory_then_the_shortest_path():
+    paths = ["src/a.c", "src/a.h", "include/a.h", "lib/x/util.h", "util.h", "src/sub/b.c", "src/sub/c.h"]
+    spell = {"src/a.c": ["a.h", "util.h", "stdio.h", "a.h", "../src/a.c"],
+             "src/sub/b.c": ["../a.h", "c.h", "x/util.h", "sub/c.h"],
+             "include/a.h": ["a.h"]}
+    got = rd.resolve_includes(paths, spell)
+    assert got["src/a.c"] == ["src/a.h", "util.h"]  # same directory first; shortest tail match; no repeats, no self
+    assert got["src/sub/b.c"] == ["src/a.h", "src/sub/c.h", "lib/x/util.h"]
+    assert got["include/a.h"] == []  # its own name resolves to itself: no self-edge
+    assert got["util.h"] == [] and set(got) == set(paths)
+
+
+def test_order_puts_headers_first_and_breaks_cycles_deterministically():
+    includes = {"main.c": ["b.h", "a.h"], "b.h": ["a.h"], "a.h": [], "z.h": [], "x.h": ["y.h"], "y.h": ["x.h"],
+                "w.c": ["x.h"]}
+    paths = list(includes)
+    order = rd.include_order(paths, includes)
+    assert order == ["a.h", "b.h", "main.c", "x.h", "y.h", "w.c", "z.h"]  # the x.h <-> y.h cycle as one unit
+    for _ in range(5):  # the same order whatever the input order
+        random.shuffle(paths)
+        assert rd.include_order(paths, includes) == order
+
+
+def test_pieces_cut_only_at_file_boundaries_within_budget():
+    order = ["a", "b", "c", "big", "d", "e"]
+    tokens = {"a": 40, "b": 50, "c": 9, "big": 100, "d": 99, "e": 1}
+    got = rd.cut_pieces(order, tokens, budget=100)
+    assert got.pieces == [["a", "b", "c"], ["d"], ["e"]]
+    assert got.oversized == ["big"]  # 100 + BOS > 100: left for the file-level split
+    assert got.tokens == [100, 100, 2] and all(t <= 100 for t in got.tokens)
+    assert [p for piece in got.pieces for p in piece] == [p for p in order if p not in got.oversized]
+    with pytest.raises(ValueError, match="budget"):
+        rd.cut_pieces(order, tokens, budget=1)
+    assert rd.piece_text(["a/x.h", "y.c"], {"a/x.h": "int x;\n", "y.c": ""}) == (
+        f"{rd.FILE_SEP}a/x.h\nint x;\n{rd.FILE_SEP}y.c\n")
+
+
+def test_real_revisions_order_every_include_before_its_includer_outside_cycles(tiny_run):
+    root, _ = tiny_run
+    kept = SnapshotLayout(root, "tiny").kept_files(["source", "path", "language", "text"])
+    files: dict[str, dict[str, tuple[str, str]]] = collections.defaultdict(dict)
+    for s, p, lang, text in zip(*(kept.column(c).to_pylist() for c in ("source", "path", "language", "text"))):
+        files[s][p] = (lang, text)
+    assert len(files) == 3
+    for source, fs in files.items():
+        spell = {p: rd.include_spellings(t, lang) for p, (lang, t) in fs.items()}
+        inc = rd.resolve_includes(list(fs), spell)
+        order = rd.include_order(list(fs), inc)
+        assert sorted(order) == sorted(fs)
+        pos = {p: i for i, p in enumerate(order)}
+        edges = [(q, p) for p, qs in inc.items() for q in qs]
+        assert edges, source
+        # an include placed after its includer must close a cycle back to it
+        for q, p in edges:
+            if pos[q] > pos[p]:
+                stack, seen = [q], set()
+                while stack:
+                    x = stack.pop()
+                    seen.add(x)
+                    stack += [y for y in inc[x] if y not in seen]
+                assert p in seen, (source, q, p)
+    lz4 = files["lz4-4.4.5"]
+    order = rd.include_order(list(lz4), rd.resolve_includes(list(lz4), {p: rd.include_spellings(t, lang)
+                                                                          for p, (lang, t) in lz4.items()}))
+    assert order.index("lz4libs/lz4.h") < order.index("lz4libs/lz4frame.c")  # a known chain: lz4frame.c includes lz4.h
+    pieces = rd.cut_pieces(order, {p: len(rd.piece_text([p], {p: lz4[p][1]})) // 3 for p in order}, budget=20_000)
+    assert len(pieces.pieces) >= 2 and any(len(p) > 1 for p in pieces.pieces)  # pieces span several files
+    assert [p for piece in pieces.pieces for p in piece] == [p for p in order if p not in set(pieces.oversized)]
