@@ -7,10 +7,11 @@ exists with the recorded sha256, that no unlisted shard is present, and that eve
 every file satisfies the row contract twice: the pandera schema
 (:mod:`megacpp_checks.schemas.packed`) and :func:`megacpp_core.pack.check_rows`.
 
-Memory is one row group (SPEC §6: 1,024 rows), not a file: the sha256 is streamed and
-the rows are read and checked :data:`CHECK_ROWS` rows at a time, row group by row group
-(record batches; the checks build ``(rows, L)`` matrices); ``pack_id`` uniqueness, the one rule across
-rows, is checked over the whole directory from the ids alone.
+Memory is :data:`CHECK_ROWS` rows, not a file or a row group (SPEC §6: 1,024 rows): the
+sha256 is streamed and the rows are read and checked :data:`CHECK_ROWS` rows at a time
+(record batches of one row group at a time; the checks build ``(rows, L)`` matrices);
+``pack_id`` uniqueness, the one rule across rows, is checked over the whole directory from
+the ids alone.
 """
 
 from __future__ import annotations

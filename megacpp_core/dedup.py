@@ -109,8 +109,9 @@ class DedupRecord:
 
 
 #: Records whose shingle-hash sets one verification block holds (:func:`deduplicate_columns`
-#: verifies candidate pairs in blocks, streaming each block's texts). About 6 KiB per set
-#: for a 10 KB file, so some 25 MiB per block; implementation choice, not a SPEC figure.
+#: verifies candidate pairs in blocks, streaming each block's texts). A set is 4 bytes per
+#: distinct shingle, at most 4 MB for a 1 MB file (``max_file_bytes``) and some 3 KB for a
+#: typical 10 KB one, so a block holds a few tens of MiB; implementation choice.
 VERIFY_BLOCK_RECORDS = 4096
 
 #: Cross-source pass (SPEC §4): 112 permutations as 14 bands × 8 rows.
@@ -217,8 +218,9 @@ def cross_source_candidates(sig: np.ndarray, source_ids: np.ndarray, band_lo: in
                             rows: int = CROSS_ROWS) -> np.ndarray:
     """Cross-source LSH candidate pairs from bands ``band_lo … band_hi − 1``.
 
-    ``sig`` is ``uint32[n, p]`` (p ≥ 112; only the first ``CROSS_BANDS × rows`` columns are
-    read), ``source_ids`` ``int[n]``. Empty signatures never pair. Returns ``int64[m, 2]``
+    ``sig`` is ``uint32[n, p]`` with ``p ≥ band_hi × rows`` (only those columns are read;
+    an LSH band-range step passes just its own columns as bands ``0 … hi − lo − 1``: a band's
+    key is seeded with its index, so only a 2^-64 key collision could differ), ``source_ids`` ``int[n]``. Empty signatures never pair. Returns ``int64[m, 2]``
     row-index pairs (``i < j``, sorted, unique, different sources). The union over band
     ranges covering ``[0, CROSS_BANDS)`` equals the one-range result."""
     return mh.band_pairs(sig, rows, band_lo, band_hi, group=np.asarray(source_ids), cross_group=True,
@@ -374,7 +376,8 @@ def deduplicate_columns(
 
     # Pass 2, near within a source, greedy in keep order against kept records only. The
     # candidate pairs come band by band, each once (the xl snapshot has 3.6 M of them); only
-    # those whose estimate reaches the threshold are kept, so memory holds one band's pairs.
+    # those whose estimate reaches the threshold are kept: memory holds one band's pairs
+    # and the pairs kept so far, never the whole candidate set.
     b, r_ = near_lsh_params(threshold, num_perm)
     near_candidates, likely = 0, [np.zeros((0, 2), np.int64)]
     for p in mh.band_pair_blocks(sig, r_, 0, b, group=src, cross_group=False, skip=(kind != KEPT) | empty):

@@ -65,8 +65,8 @@ def snapshot_signatures(refs, width: int, source_ids: dict[str, int],
                         columns: slice = slice(None)) -> tuple[pa.ChunkedArray, np.ndarray, np.ndarray]:
     """Every revision's signatures, in input order: ``(doc_key column, int32[n] source ids,
     uint32[n, k])`` with ``k`` the permutations ``columns`` selects of ``width`` (a band
-    range reads only its own: 56 of 128 for 7 bands × 8 rows). ``refs``: per-shard inputs
-    with ``.source``, ``.iter_batches`` and ``.uri`` (:func:`read_ref_signatures`: on the
+    range keeps only its own: 56 of 128 for 7 bands × 8 rows; each shard is still decoded
+    whole). ``refs``: per-shard inputs with ``.source``, ``.iter_batches`` and ``.uri`` (:func:`read_ref_signatures`: on the
     xl snapshot's 61 shards, reading whole tables on arrow's thread pool kept about 200 MB
     of decoded buffers alive); ``source_ids`` maps each ``.source`` to its id (manifest
     order). The keys stay an arrow column, the sources integers: a few bytes per document

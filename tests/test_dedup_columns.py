@@ -124,7 +124,8 @@ def test_band_pairs_equal_the_all_band_index():
         mh.band_pairs(sig, 8, 0, 17)
 
 
-def test_band_pair_blocks_give_each_candidate_once():
+def test_band_pair_blocks_give_each_candidate_once(monkeypatch):
+    monkeypatch.setattr(mh, "PAIR_BLOCK", 7)  # the earlier-band test runs over many small slices
     rng = np.random.default_rng(2)
     sig = rng.integers(0, 3, (400, 128), dtype=np.uint32)  # few values: pairs share many bands
     group = rng.integers(0, 4, 400)
@@ -140,6 +141,11 @@ def test_band_pair_blocks_give_each_candidate_once():
         assert len(every) == len(one)  # ... and come in one block only ...
         assert np.array_equal(np.unique(every, axis=0), one)  # ... whose union is the index's pairs
         assert not skip[every].any() and (every[:, 0] < every[:, 1]).all()
+        for beta, b in enumerate(blocks, start=2):  # sorted, and in the first band the pair shares
+            codes = (b[:, 0] << 32) | b[:, 1]
+            assert (np.diff(codes) > 0).all()
+            ki, kj = mh.band_keys(sig[b[:, 0]], 6, 2, beta + 1), mh.band_keys(sig[b[:, 1]], 6, 2, beta + 1)
+            assert (ki[:, -1] == kj[:, -1]).all() and not (ki[:, :-1] == kj[:, :-1]).any()
 
 
 def _near_texts(n_families: int, per_family: int, seed: int) -> list[DedupRecord]:
@@ -155,7 +161,8 @@ def _near_texts(n_families: int, per_family: int, seed: int) -> list[DedupRecord
             toks = list(base)
             for p in rng.sample(range(300), int(300 * rng.uniform(0.003, 0.03))):
                 toks[p] = rng.choice(words)
-            out.append(DedupRecord(f"s{f % 2}/f{f:03d}_{m}.c", f"s{f % 2}", f % 2, f"f{f:03d}_{m}.c", "permissive",
+            src = (f + m // 4) % 2  # each family in both sources: near pairs within, cross pairs across
+            out.append(DedupRecord(f"s{src}/f{f:03d}_{m}.c", f"s{src}", src, f"f{f:03d}_{m}.c", "permissive",
                                    " ".join(toks) + "\n"))
     return out
 
@@ -181,8 +188,10 @@ def test_verification_in_blocks_decides_as_one_block(monkeypatch):
 
     one = run(10**6)
     one_calls, calls[:] = list(calls), []
+    monkeypatch.setattr(mh, "PAIR_BLOCK", 5)  # estimates and pair slices cut mid-group too
     small = run(3)
     assert one.figures["near_removed"] > 0 and one.figures["near_rejected_by_exact"] > 0
+    assert one.figures["cross_source_removed"] > 0
     assert len(calls) > len(one_calls) and max(calls) <= 3  # several blocks of at most 3 records
     assert small.decisions == one.decisions and small.clusters == one.clusters
     assert {k: v for k, v in small.figures.items()} == one.figures

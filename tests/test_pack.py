@@ -111,20 +111,20 @@ def test_verify_reads_row_groups_and_finds_a_bad_row_and_a_repeated_pack_id(tmp_
     assert verify_packed_dir(good, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V).figures["rows"] == t.num_rows
 
     bad = tmp_path / "bad"
-    broken = _mutate(t.slice(20), "doc_ids", lambda r: r["doc_ids"].__setitem__(5, 7))  # row 20: in row group 1
-    pack.write_shards(pa.concat_tables([t.slice(0, 20), broken]), bad, row_length=128, vocab_size=V,
+    broken = _mutate(t.slice(23), "doc_ids", lambda r: r["doc_ids"].__setitem__(5, 7))  # row 23: row 7 of row group 1
+    pack.write_shards(pa.concat_tables([t.slice(0, 23), broken]), bad, row_length=128, vocab_size=V,
                       tokenizer_sha256="x" * 64, max_docs_per_shard=10_000, row_group_size=16)
     r = verify_packed_dir(bad, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V)
     assert not r.ok and "(row group 1)" in r.failures[0]
 
     # a row group is checked CHECK_ROWS rows at a time: every row still counted, the bad
-    # row (row 4 of row group 1) named with its slice
+    # row (row 7 of row group 1, in its second slice) named with its slice
     import megacpp_checks.packed as packed_gate
 
     monkeypatch.setattr(packed_gate, "CHECK_ROWS", 5)
     assert verify_packed_dir(good, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V).figures["rows"] == t.num_rows
     r = verify_packed_dir(bad, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V)
-    assert not r.ok and "(row group 1) rows 0..4" in r.failures[0], r.failures
+    assert not r.ok and "(row group 1) rows 5..9" in r.failures[0], r.failures
     monkeypatch.undo()
 
     twice = tmp_path / "twice"
