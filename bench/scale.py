@@ -26,9 +26,12 @@ shown is what the corpus adds beyond the sample. Each slice's ``tokenizer_traini
 (the sample's size) is printed with it. Without the flag the manifest's setting is used.
 
 The pack step's memory is likewise one packing group of at most ``pack_group_tokens``
-tokens (default 8 Mi), plus the plan's lengths: ``--pack-group-tokens`` sets a group
-size below the ×1 slice's tokens for every slice, so each slice packs groups of the same
-size and the growth shown is the plan's. Each slice's ``packing_groups`` is printed.
+tokens (default 8 Mi), plus the plan's lengths and the rows buffered for one 1,024-row
+row group of the packed files (SPEC §6; about 290 MB of arrow at L = 8,192):
+``--pack-group-tokens`` sets a group size below the ×1 slice's tokens for every slice, so
+each slice packs groups of the same size. A slice with fewer than 1,024 rows never fills
+the row-group buffer, so the growth shown up to that size includes the buffer's. Each
+slice's ``packing_groups`` is printed.
 
 Steps other than acquire run only when named in ``--steps``; the upstream steps of the
 named ones must have run on the slices (name them on the first invocation, e.g.
