@@ -143,8 +143,8 @@ def verify_megatron(
     id in range is still caught; ``require_checksums`` makes a sidecar without the first
     two a failure instead of a skipped check, as the pipeline's own gate does); the index parses (:func:`read_index`);
     ``.bin`` size == sum(lengths) × itemsize; dtype int32 when the vocabulary has ≥ 65,500
-    ids (uint16 or int32 below); every id in ``[0, vocab_size)`` (one sequential read of the ``.bin`` in chunks, :func:`_scan_bin`); the
-    tokenizer file's sha256 matches the sidecar; every document starts with BOS id 2; the
+    ids (uint16 or int32 below); every id in ``[0, vocab_size)`` (one sequential read of
+    the ``.bin`` in chunks, :func:`_scan_bin`); the tokenizer file's sha256 matches the sidecar; every document starts with BOS id 2; the
     documents parquet has one row per document and document zero, BOS stripped, decodes
     exactly to row 0; then the first 64 tokens of document zero are printed.
 

@@ -173,7 +173,7 @@ def _main(nodes: tuple) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _parser(grammar: str) -> tree_sitter.Parser:
+def parser_for(grammar: str) -> tree_sitter.Parser:
     """One parser per grammar (``"c"`` or ``"cpp"``) per process; not thread-safe."""
     lang = tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language()
     return tree_sitter.Parser(tree_sitter.Language(lang))
@@ -215,7 +215,7 @@ class ParsedSource:
             self.b2c = np.concatenate(([0], np.cumsum(lead, dtype=np.int64)))
             # a continuation byte maps to the character that holds it
             self.b2c[:-1][~lead] -= 1
-        self.tree = _parser(self.grammar).parse(self.src)
+        self.tree = parser_for(self.grammar).parse(self.src)
         root = self.tree.root_node
         self.has_error_nodes = bool(root.has_error) and bool(
             tree_sitter.QueryCursor(_error_query(self.grammar)).captures(root))

@@ -219,8 +219,9 @@ def cross_source_candidates(sig: np.ndarray, source_ids: np.ndarray, band_lo: in
     """Cross-source LSH candidate pairs from bands ``band_lo … band_hi − 1``.
 
     ``sig`` is ``uint32[n, p]`` with ``p ≥ band_hi × rows`` (only those columns are read;
-    an LSH band-range step passes just its own columns as bands ``0 … hi − lo − 1``: a band's
-    key is seeded with its index, so only a 2^-64 key collision could differ), ``source_ids`` ``int[n]``. Empty signatures never pair. Returns ``int64[m, 2]``
+    an LSH band-range step passes just its own columns as bands ``0 … hi − lo − 1``: a
+    band's key is seeded with its index, so only a 2^-64 key collision could differ),
+    ``source_ids`` ``int[n]``. Empty signatures never pair. Returns ``int64[m, 2]``
     row-index pairs (``i < j``, sorted, unique, different sources). The union over band
     ranges covering ``[0, CROSS_BANDS)`` equals the one-range result."""
     return mh.band_pairs(sig, rows, band_lo, band_hi, group=np.asarray(source_ids), cross_group=True,
@@ -379,14 +380,15 @@ def deduplicate_columns(
     # those whose estimate reaches the threshold are kept: memory holds one band's pairs
     # and the pairs kept so far, never the whole candidate set.
     b, r_ = near_lsh_params(threshold, num_perm)
-    near_candidates, likely = 0, [np.zeros((0, 2), np.int64)]
+    near_candidates, likely, est = 0, [np.zeros((0, 2), np.int64)], [np.zeros(0)]
     for p in mh.band_pair_blocks(sig, r_, 0, b, group=src, cross_group=False, skip=(kind != KEPT) | empty):
         near_candidates += len(p)
-        likely.append(p[mh.estimate_jaccard(sig, p[:, 0], p[:, 1]) >= threshold])
-    likely = np.concatenate(likely)
-    likely = likely[np.lexsort((likely[:, 0], likely[:, 1]))]  # by j, then i: the greedy's order
-    est = mh.estimate_jaccard(sig, likely[:, 0], likely[:, 1])
-    
+        e = mh.estimate_jaccard(sig, p[:, 0], p[:, 1])
+        likely.append(p[e >= threshold])
+        est.append(e[e >= threshold])
+    likely, est = np.concatenate(likely), np.concatenate(est)
+    by_j = np.lexsort((likely[:, 0], likely[:, 1]))  # by j, then i: the greedy's order
+    likely, est = likely[by_j], est[by_j]
     ok = exact_ok(likely) if verify_exact else np.ones(len(likely), dtype=bool)
     jj = likely[:, 1]
     bounds = np.flatnonzero(np.concatenate(([True], jj[1:] != jj[:-1], [True]))) if len(jj) else np.zeros(1, np.int64)

@@ -38,7 +38,7 @@ import tree_sitter
 import tree_sitter_c
 import tree_sitter_cpp
 
-from .chunk import grammar_of
+from .chunk import grammar_of, parser_for
 
 #: Special token that opens every file of a repository piece (a fixed tokenizer ID,
 #: SPEC §5 "file-separator markers"; :data:`megacpp_core.tokenizer.SPECIAL_TOKENS`).
@@ -50,9 +50,9 @@ P3_BUDGET = 65_536
 
 
 @functools.lru_cache(maxsize=None)
-def _include_query(grammar: str) -> tuple[tree_sitter.Parser, tree_sitter.Query]:
+def _include_query(grammar: str) -> tree_sitter.Query:
     lang = tree_sitter.Language(tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language())
-    return tree_sitter.Parser(lang), tree_sitter.Query(lang, "(preproc_include path: (_) @path)")
+    return tree_sitter.Query(lang, "(preproc_include path: (_) @path)")
 
 
 def include_spellings(text: str, language: str) -> list[str]:
@@ -61,10 +61,10 @@ def include_spellings(text: str, language: str) -> list[str]:
     stage-1 label (``c``, ``cpp``, ``header``, ``cuda``: :func:`megacpp_core.chunk.grammar_of`);
     raises ``ValueError`` for an unknown one. A macro include (``#include FOO_H``) has no
     spelling and is skipped."""
-    parser, query = _include_query(grammar_of(language))
+    grammar = grammar_of(language)
     src = text.encode("utf-8", "surrogatepass")
-    tree = parser.parse(src)
-    nodes = tree_sitter.QueryCursor(query).captures(tree.root_node).get("path", [])
+    tree = parser_for(grammar).parse(src)
+    nodes = tree_sitter.QueryCursor(_include_query(grammar)).captures(tree.root_node).get("path", [])
     out = []
     for node in sorted(nodes, key=lambda n: n.start_byte):
         raw = src[node.start_byte:node.end_byte].decode("utf-8", "surrogatepass")

@@ -50,15 +50,16 @@ def read_signatures(path) -> tuple[list[str], np.ndarray]:
     return table_signatures(pq.read_table(path), str(path))
 
 
-def read_ref_signatures(ref) -> tuple[pa.ChunkedArray, np.ndarray]:
-    """``(doc_key column, uint32[n, num_perm])`` of one ``minhash`` input (``.iter_batches``,
-    ``.uri``), decoded batch by batch on this thread; the matrix is a copy (no arrow buffer
-    of the file stays alive with it). An empty column and ``uint32[0, 0]`` without rows."""
+def read_ref_signatures(ref, columns: slice = slice(None)) -> tuple[pa.ChunkedArray, np.ndarray]:
+    """``(doc_key column, uint32[n, k])`` of one ``minhash`` input (``.iter_batches``,
+    ``.uri``): the permutations ``columns`` selects (default all), decoded batch by batch
+    on this thread; the matrix is a copy of those columns only (no arrow buffer of the file
+    stays alive with it). An empty column and ``uint32[0, 0]`` without rows."""
     batches = list(ref.iter_batches(["doc_key", "signature"]))
     if not batches:
         return pa.chunked_array([], pa.string()), np.zeros((0, 0), np.uint32)
     t = pa.Table.from_batches(batches)
-    return t.column("doc_key"), np.array(signature_matrix(t, ref.uri), dtype=np.uint32, copy=True)
+    return t.column("doc_key"), np.array(signature_matrix(t, ref.uri)[:, columns], dtype=np.uint32, copy=True)
 
 
 def snapshot_signatures(refs, width: int, source_ids: dict[str, int],
@@ -66,19 +67,19 @@ def snapshot_signatures(refs, width: int, source_ids: dict[str, int],
     """Every revision's signatures, in input order: ``(doc_key column, int32[n] source ids,
     uint32[n, k])`` with ``k`` the permutations ``columns`` selects of ``width`` (a band
     range keeps only its own: 56 of 128 for 7 bands × 8 rows; each shard is still decoded
-    whole). ``refs``: per-shard inputs with ``.source``, ``.iter_batches`` and ``.uri`` (:func:`read_ref_signatures`: on the
-    xl snapshot's 61 shards, reading whole tables on arrow's thread pool kept about 200 MB
-    of decoded buffers alive); ``source_ids`` maps each ``.source`` to its id (manifest
+    whole). ``refs``: per-shard inputs with ``.source``, ``.iter_batches`` and ``.uri``
+    (:func:`read_ref_signatures`: on the xl snapshot's 61 shards, reading whole tables on
+    arrow's thread pool kept about 200 MB of decoded buffers alive); ``source_ids`` maps each ``.source`` to its id (manifest
     order). The keys stay an arrow column, the sources integers: a few bytes per document
     besides the selected signature columns. Raises ``KeyError`` for a source not in
     ``source_ids``."""
     keys, srcs, sigs = [], [], []
     k = len(range(width)[columns])
     for ref in refs:
-        key, sg = read_ref_signatures(ref)
+        key, sg = read_ref_signatures(ref, columns)
         keys.append(key)
         srcs.append(np.full(len(key), source_ids[ref.source], dtype=np.int32))
-        sigs.append(np.ascontiguousarray(sg[:, columns]) if len(sg) else np.zeros((0, k), np.uint32))
+        sigs.append(sg if len(sg) else np.zeros((0, k), np.uint32))
         del sg
     pa.default_memory_pool().release_unused()
     return (pa.chunked_array([c for key in keys for c in key.chunks], pa.string()),

@@ -6,8 +6,8 @@ the cross-source candidate pairs of every LSH band range, held as columns: the m
 one arrow table in keep order, the signatures as one ``uint32[n, num_perm]`` matrix, the
 pairs as ``int64[m, 2]`` row indices (:func:`megacpp_core.dedup.deduplicate_columns`).
 Only the texts of records in a candidate pair whose estimate reaches the threshold are
-streamed (record batches, only from the shards and row groups holding them) for the exact-Jaccard
-verification, and only their shingle-hash sets are kept.
+streamed (record batches, only from the shards and row groups holding them) for the
+exact-Jaccard verification, and only their shingle-hash sets are kept.
 Outputs: ``decisions`` (keep/drop per file; a drop names its kept twin) and
 ``duplicate_clusters``; later stages read the kept files shard by shard
 (:mod:`megacpp_core.kept`) in keep order (license rank, source order, path). The rules
