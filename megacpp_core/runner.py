@@ -36,6 +36,7 @@ from .manifest import Manifest, Source
 from .stage import (Dataset, Files, Kind, Partition, Partitioning, PerShard, Result, SettingsView, Shards, Stage, StageError,
                     Verdict)
 from .storage import DataRoot, MissingOutputError, Written
+from .tables import release_memory
 
 log = logging.getLogger("megacpp.pipeline")
 
@@ -371,6 +372,11 @@ def _schema_verdict(root: DataRoot, d: Dataset, partition: Partition, value: Any
         return _shards_verdict(root, d, partition, value)
     if d.kind is Kind.PARQUET and isinstance(value, (str, os.PathLike)):
         value = root.parquet_file(d.key(partition)).read(use_threads=False)  # no reader threads: memory is one table
+        try:
+            return tuple(d.schema(value))
+        finally:
+            del value
+            release_memory()
     return tuple(d.schema(value))
 
 
@@ -434,6 +440,7 @@ def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
                   for c in stage.check_names}
     else:
         result = stage.compute(ctx)
+        release_memory()
         got, want = set(result.outputs), {d.name for d in stage.outputs}
         if got != want:
             raise StageError(f"stage {stage.name} returned outputs {sorted(got)}, declared {sorted(want)}")

@@ -10,7 +10,8 @@ Writes are atomic for readers: each file goes to a temporary key next to its fin
 (``NAME.tmp-<random>``) and is then committed — ``os.replace`` on a local root, a
 server-side copy and delete on an object store — so a reader never sees half a file
 under its final key. Multi-file outputs commit their sentinel (``_SUCCESS``) last.
-Parquet bytes are deterministic: zstd level 3, statistics on, no arrow schema blob and
+Parquet bytes are deterministic: zstd level 3, statistics on every column but the payloads
+(:func:`megacpp_core.tables.statistics_columns`), no arrow schema blob and
 no schema metadata except keys starting with ``megacpp.`` (lineage such as the
 tokenizer sha256), so the same table gives byte-identical files on every backend.
 
