@@ -38,9 +38,10 @@ def chunk_drops(ctx) -> pa.Array:
     return ctx.input("chunk_drops").read(columns=["doc_key"]).column("doc_key").combine_chunks()
 
 
-def pack_inputs(docs: pa.Table, optional: list[str]) -> list[pack.PackInput]:
-    """One :class:`~megacpp_core.pack.PackInput` per row of ``docs`` (tokenized order);
-    planes are sliced from one flat array per column, not built as Python lists."""
+def pack_inputs(docs: pa.Table, optional: list[str], order: pa.Array | None = None) -> list[pack.PackInput]:
+    """One :class:`~megacpp_core.pack.PackInput` per row of ``docs``, in row order or in
+    ``order`` (row indices; the table is walked, not copied, in that order); planes are
+    sliced from one flat array per column, not built as Python lists."""
     ids = docs.column("input_ids").combine_chunks()
     offsets = ids.offsets.to_numpy()
     flat = ids.values.to_numpy(zero_copy_only=False).astype(np.uint32, copy=False)
@@ -51,7 +52,7 @@ def pack_inputs(docs: pa.Table, optional: list[str]) -> list[pack.PackInput]:
         flat_planes[c] = (col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False))
     d = docs.select([c for c in BASE_COLUMNS if c != "input_ids"] + [c for c in optional if c not in planes]).to_pydict()
     inputs = []
-    for i in range(docs.num_rows):
+    for i in (range(docs.num_rows) if order is None else order.to_numpy().tolist()):
         extras = {c: d[c][i] for c in optional if c not in flat_planes}
         for c, (offs, vals) in flat_planes.items():
             extras[c] = vals[offs[i]:offs[i + 1]]
@@ -69,7 +70,7 @@ def fim_config(settings):
                          doc_comment_policy=settings.fim_doc_comment_policy)
 
 
-def apply_fim(inputs: list[pack.PackInput], texts: list[str], settings, tok,
+def apply_fim(inputs: list[pack.PackInput], texts, settings, tok,
               tokenizer_sha256: str | None = None) -> tuple[list[pack.PackInput], dict]:
     """FIM over pack inputs with the snapshot's settings (``row_length`` bounds the
     markers); returns the permuted inputs and FIM figures."""
@@ -81,12 +82,30 @@ def apply_fim(inputs: list[pack.PackInput], texts: list[str], settings, tok,
                              texts if table is not None else None)
 
 
-def packed_documents(docs: pa.Table, settings, tok, tokenizer_sha256: str | None = None
-                     ) -> tuple[list[pack.PackInput], list[str], dict, pa.Table]:
-    """The tokenized documents as pack inputs after FIM, the optional enrichment columns
-    they carry, FIM figures and the raw table (``doc_key``, ``text``, ``input_ids``).
-    ``docs`` must hold :func:`columns_to_read` of its own column names."""
+class TextsInOrder:
+    """``docs``' ``text`` column as a sequence in ``order`` (row indices, or row order when
+    ``None``), each text made a Python string only when FIM asks for it (the doc-comment
+    policy reads the texts of the documents it draws), not all at once."""
+
+    def __init__(self, column: pa.ChunkedArray, order: pa.Array | None = None):
+        self._column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        self._order = None if order is None else order.to_numpy()
+
+    def __len__(self) -> int:
+        return len(self._column) if self._order is None else len(self._order)
+
+    def __getitem__(self, i: int) -> str:
+        return self._column[int(i if self._order is None else self._order[i])].as_py()
+
+
+def packed_documents(docs: pa.Table, settings, tok, tokenizer_sha256: str | None = None, order: pa.Array | None = None
+                     ) -> tuple[list[pack.PackInput], list[str], dict, pa.Table | None]:
+    """The tokenized documents as pack inputs after FIM (in row order, or in ``order``:
+    row indices, walking the table without copying it), the optional enrichment columns
+    they carry, FIM figures and, without ``order``, the raw table (``doc_key``, ``text``,
+    ``input_ids``; ``None`` with an ``order``). ``docs`` must hold :func:`columns_to_read`
+    of its own column names."""
     _, optional = columns_to_read(docs.column_names)
-    inputs = pack_inputs(docs, optional)
-    inputs, figs = apply_fim(inputs, docs.column("text").to_pylist(), settings, tok, tokenizer_sha256)
-    return inputs, optional, figs, docs.select(["doc_key", "text", "input_ids"])
+    inputs = pack_inputs(docs, optional, order)
+    inputs, figs = apply_fim(inputs, TextsInOrder(docs.column("text"), order), settings, tok, tokenizer_sha256)
+    return inputs, optional, figs, (docs.select(["doc_key", "text", "input_ids"]) if order is None else None)

@@ -187,11 +187,14 @@ def write_rows(p: PackPlan, refs: list, source_order: dict[str, int], settings, 
         for r in np.unique(ref_all[a:b]).tolist():
             mine = wanted.filter(pa.array(ref_all[a:b] == r)).combine_chunks()
             parts.append(refs[r].read(columns=first, filters=pc.field("doc_key").isin(mine)))
-        docs = kept.document_order(pa.concat_tables(parts), source_order)
-        if docs.column("doc_key").to_pylist() != wanted.to_pylist():
+        docs = pa.concat_tables(parts)
+        del parts
+        order = kept.document_order_indices(docs, source_order)  # walked in this order, not copied
+        got = docs.column("doc_key") if order is None else docs.column("doc_key").take(order)
+        if got.to_pylist() != wanted.to_pylist():
             raise RuntimeError(f"packing group {g}: the tokenized shards no longer hold the planned documents")
-        inputs, optional, figs, _ = pack_inputs.packed_documents(docs, settings, tok, tokenizer_sha256)
-        del docs, parts
+        inputs, optional, figs, _ = pack_inputs.packed_documents(docs, settings, tok, tokenizer_sha256, order)
+        del docs
         rows = pack.build_rows(inputs, settings.row_length, tk.BOS_ID, tk.PAD_ID, optional=optional)
         del inputs
         if rows.num_rows != p.group_rows[g]:

@@ -52,11 +52,13 @@ def _document_level(ctx, tok, info: dict, d, prefix, docs_out: ParquetStream) ->
     in keep order, after FIM — exactly the sequences that enter the rows), merged in shard
     order (manifest order of the revisions, then shard keys) with the raw writer's
     ``add_index``, byte-identical to megatron-core's ``IndexedDatasetBuilder.add_index``
-    (:func:`megacpp_core.megatron_merge.merge_indexed_datasets`). Memory is one shard."""
+    (:func:`megacpp_core.megatron_merge.merge_indexed_datasets`). Memory is one shard's
+    ids and texts: the enrichment planes and the chunk graph are not read, since FIM draws
+    its spans from the ``doc_key`` and the length only (:func:`megacpp_core.fim.decide`)."""
     refs = pack_inputs.tokenized_shards(ctx, info["sha256"])
     drops = pack_inputs.chunk_drops(ctx)
     order = {s.name: i for i, s in enumerate(ctx.sources)}
-    columns, _ = pack_inputs.columns_to_read(refs[0].schema().names)
+    columns, _ = pack_inputs.columns_to_read([])  # ids and text: FIM moves ids by doc_key and length alone
     parts = []
     for j, ref in enumerate(refs):
         docs = kept.read_documents([ref], order, columns, drops)
