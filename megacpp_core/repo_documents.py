@@ -31,9 +31,10 @@ from __future__ import annotations
 import functools
 import heapq
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import tree_sitter
 import tree_sitter_c
 import tree_sitter_cpp
@@ -194,3 +195,78 @@ def piece_text(paths: Sequence[str], texts: Mapping[str, str]) -> str:
     """The text of one piece: each file's :data:`FILE_HEADER` then its text, in order (the
     caller adds the BOS)."""
     return "".join(FILE_HEADER.format(path=p) + texts[p] for p in paths)
+
+
+#: Columns of :func:`revision_documents`' table.
+DOCUMENTS_SCHEMA = pa.schema([
+    ("doc_key", pa.string()), ("source", pa.string()), ("piece_index", pa.int32()),
+    ("paths", pa.list_(pa.string())), ("offsets", pa.list_(pa.int64())),
+    ("n_files", pa.int32()), ("n_tokens", pa.int64()), ("text", pa.large_string()),
+])
+
+
+@dataclass
+class RevisionDocuments:
+    """Output of :func:`revision_documents`: ``table`` (:data:`DOCUMENTS_SCHEMA`, one row
+    per piece, in include order), ``oversized`` (paths over the budget alone, for the
+    phase-2 fallback) and figures (``files``, ``includes_resolved``,
+    ``includes_after_includer``: resolved includes placed after their includer, which only
+    an include cycle allows)."""
+
+    table: pa.Table
+    oversized: list[str]
+    figures: dict
+
+
+def revision_documents(source: str, files: Mapping[str, tuple[str, str]],
+                       count_tokens: Callable[[list[str]], list[int]], budget: int = P3_BUDGET) -> RevisionDocuments:
+    """The ``p3_repo`` documents of one revision (module doc, steps 1–4 and
+    :func:`piece_text`).
+
+    ``files``: ``{path: (language, text)}`` of the revision's kept files (``language`` as
+    in :func:`include_spellings`); ``count_tokens(strings) -> [int]`` counts the tokens of
+    each string without a BOS (the snapshot tokenizer). A piece's ``doc_key`` is
+    ``SOURCE/@p3/NNNNN``; ``offsets[i]`` is the character offset of ``paths[i]``'s
+    :data:`FILE_HEADER` in ``text`` (so :func:`split_piece` inverts a piece exactly, even
+    when a file's text holds the separator); ``n_tokens`` counts the files' header and text
+    tokens plus the BOS. The same files always give the same table. Raises ``ValueError``
+    from :func:`cut_pieces`."""
+    paths = sorted(files)
+    spellings = {p: include_spellings(files[p][1], files[p][0]) for p in paths}
+    includes = resolve_includes(paths, spellings)
+    order = include_order(paths, includes)
+    pos = {p: i for i, p in enumerate(order)}
+    after = sum(pos[q] > pos[p] for p, qs in includes.items() for q in qs)
+    counts = count_tokens([FILE_HEADER.format(path=p) + files[p][1] for p in order])
+    pieces = cut_pieces(order, dict(zip(order, counts)), budget)
+    cols: dict[str, list] = {f.name: [] for f in DOCUMENTS_SCHEMA}
+    for i, (ps, n) in enumerate(zip(pieces.pieces, pieces.tokens)):
+        offsets, at = [], 0
+        for p in ps:
+            offsets.append(at)
+            at += len(FILE_HEADER.format(path=p)) + len(files[p][1])
+        cols["doc_key"].append(f"{source}/@p3/{i:05d}")
+        cols["source"].append(source)
+        cols["piece_index"].append(i)
+        cols["paths"].append(list(ps))
+        cols["offsets"].append(offsets)
+        cols["n_files"].append(len(ps))
+        cols["n_tokens"].append(n)
+        cols["text"].append(piece_text(ps, {p: files[p][1] for p in ps}))
+    figures = {"files": len(paths), "includes_resolved": sum(map(len, includes.values())),
+               "includes_after_includer": int(after), "pieces": len(pieces.pieces), "oversized_files": len(pieces.oversized)}
+    return RevisionDocuments(pa.table(cols, schema=DOCUMENTS_SCHEMA), pieces.oversized, figures)
+
+
+def split_piece(text: str, paths: Sequence[str], offsets: Sequence[int]) -> list[tuple[str, str]]:
+    """``[(path, file text)]`` of one piece, from its ``paths`` and header ``offsets``
+    (the inverse of :func:`piece_text`). Raises ``ValueError`` when a header is not where
+    ``offsets`` puts it or the offsets do not increase."""
+    out = []
+    ends = list(offsets[1:]) + [len(text)]
+    for p, a, b in zip(paths, offsets, ends):
+        head = FILE_HEADER.format(path=p)
+        if b < a or text[a:a + len(head)] != head:
+            raise ValueError(f"piece: no header for {p!r} at offset {a}")
+        out.append((p, text[a + len(head):b]))
+    return out

@@ -106,3 +106,69 @@ def test_real_revisions_order_every_include_before_its_includer_outside_cycles(t
     pieces = rd.cut_pieces(order, {p: len(rd.piece_text([p], {p: lz4[p][1]})) // 3 for p in order}, budget=20_000)
     assert len(pieces.pieces) >= 2 and any(len(p) > 1 for p in pieces.pieces)  # pieces span several files
     assert [p for piece in pieces.pieces for p in piece] == [p for p in order if p not in set(pieces.oversized)]
+
+
+def _tiny_files(root):
+    kept = SnapshotLayout(root, "tiny").kept_files(["source", "path", "language", "text"])
+    files: dict[str, dict[str, tuple[str, str]]] = collections.defaultdict(dict)
+    for s, p, lang, text in zip(*(kept.column(c).to_pylist() for c in ("source", "path", "language", "text"))):
+        files[s][p] = (lang, text)
+    return files
+
+
+def test_revision_documents_read_back_to_whole_source_files(tiny_run):
+    """Every p3 piece of every tiny revision, split at its header offsets, gives back whole
+    kept files byte for byte, each once; headers precede their includers; token counts
+    come from the real snapshot tokenizer and stay within the budget."""
+    from megacpp_core import tokenizer as tk
+    root, _ = tiny_run
+    lay = SnapshotLayout(root, "tiny")
+    tok = tk.load_tokenizer(lay.stage_dir("tokenizer") / "tokenizer.json")
+
+    def count(strings):
+        return [len(e.ids) for e in tok.encode_batch(strings, add_special_tokens=False)]
+
+    budget = 20_000
+    for source, fs in sorted(_tiny_files(root).items()):
+        docs = rd.revision_documents(source, fs, count, budget=budget)
+        t = docs.table
+        assert t.num_rows >= 1 and t.schema == rd.DOCUMENTS_SCHEMA
+        seen = []
+        for row in t.to_pylist():
+            assert row["doc_key"] == f"{source}/@p3/{row['piece_index']:05d}"
+            parts = rd.split_piece(row["text"], row["paths"], row["offsets"])
+            assert [p for p, _ in parts] == row["paths"] and row["n_files"] == len(parts)
+            for p, text in parts:
+                assert text == fs[p][1], (source, p)  # no piece cuts a file in the middle
+            assert row["n_tokens"] == 1 + sum(count([rd.FILE_HEADER.format(path=p) + fs[p][1] for p in row["paths"]]))
+            assert row["n_tokens"] <= budget
+            seen += row["paths"]
+        assert sorted(seen + docs.oversized) == sorted(fs) and len(set(seen)) == len(seen)
+        assert docs.figures["files"] == len(fs) and docs.figures["pieces"] == t.num_rows
+        if source == "lz4-4.4.5":
+            assert seen.index("lz4libs/lz4.h") < seen.index("lz4libs/lz4frame.c")
+            assert any(n > 1 for n in t.column("n_files").to_pylist())  # pieces span several files
+    again = rd.revision_documents("lz4-4.4.5", _tiny_files(root)["lz4-4.4.5"], count, budget=budget)
+    assert again.table.equals(rd.revision_documents("lz4-4.4.5", _tiny_files(root)["lz4-4.4.5"], count, budget=budget).table)
+
+
+def test_a_file_holding_the_separator_still_reads_back_exactly():
+    files = {
+        "a.h": ("header", "#pragma once\nint a;\n"),
+        "b.c": ("c", '#include "a.h"\nconst char *s = "<FILE_SEP>a.h\\n";\n/* <FILE_SEP>x.c\n */\n'),
+        "c.c": ("c", "<FILE_SEP>b.c\n" * 3),
+    }
+    docs = rd.revision_documents("r", files, lambda xs: [len(x) for x in xs], budget=10_000)
+    (row,) = docs.table.to_pylist()
+    assert row["paths"] == ["a.h", "b.c", "c.c"]
+    assert dict(rd.split_piece(row["text"], row["paths"], row["offsets"])) == {p: t for p, (_, t) in files.items()}
+    with pytest.raises(ValueError, match="no header"):
+        rd.split_piece(row["text"], row["paths"], [0, 3, row["offsets"][2]])
+
+
+def test_an_oversized_file_is_set_apart_and_an_empty_revision_has_no_piece():
+    files = {"big.c": ("c", "x" * 500), "small.h": ("header", "int s;\n")}
+    docs = rd.revision_documents("r", files, lambda xs: [len(x) for x in xs], budget=100)
+    assert docs.oversized == ["big.c"] and docs.table.column("paths").to_pylist() == [["small.h"]]
+    empty = rd.revision_documents("r", {}, lambda xs: [len(x) for x in xs])
+    assert empty.table.num_rows == 0 and empty.oversized == [] and empty.figures["files"] == 0
