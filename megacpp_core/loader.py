@@ -268,12 +268,18 @@ def collate(batch: Sequence[dict]) -> dict:
     return out
 
 
-def document_attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Boolean [.., L, L] mask for scaled-dot-product attention: causal and within one
-    segment (True = may attend)."""
+def document_attention_mask(segment_ids: torch.Tensor, queries: slice | None = None) -> torch.Tensor:
+    """Boolean [.., Q, L] mask for scaled-dot-product attention: causal and within one
+    segment (True = may attend). ``queries`` (a step-1 slice of positions; default all, so
+    Q = L) gives the mask of those query rows only: a 65,536-token row's whole mask is
+    4 GiB of bool, a block of its rows is not."""
     L = segment_ids.shape[-1]
-    causal = torch.ones(L, L, dtype=torch.bool).tril()
-    return (segment_ids[..., :, None] == segment_ids[..., None, :]) & causal
+    lo, hi, step = (queries or slice(0, L)).indices(L)
+    if step != 1:
+        raise ValueError(f"queries must be a step-1 slice, got {queries}")
+    q = torch.arange(lo, hi)
+    causal = torch.arange(L)[None, :] <= q[:, None]
+    return (segment_ids[..., lo:hi, None] == segment_ids[..., None, :]) & causal
 
 
 def reset_causal_conv(x: torch.Tensor, weight: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:

@@ -165,8 +165,8 @@ class Pieces:
 
 def cut_pieces(order: Sequence[str], file_tokens: Mapping[str, int], budget: int = P3_BUDGET) -> Pieces:
     """Consecutive files of ``order`` packed greedily into pieces of at most ``budget``
-    tokens, one BOS each (module doc, step 4). ``file_tokens[path]``: tokens of the file's
-    :data:`FILE_HEADER` plus its text (no BOS). A piece is closed when the next file does
+    tokens, one BOS each (module doc, step 4). ``file_tokens[path]``: tokens of the file with
+    its separator and path header (no BOS). A piece is closed when the next file does
     not fit; a file that does not fit even alone goes to ``oversized``. Raises
     ``ValueError`` for ``budget < 2`` or a negative token count."""
     if budget < 2:
@@ -197,11 +197,12 @@ def piece_text(paths: Sequence[str], texts: Mapping[str, str]) -> str:
     return "".join(FILE_HEADER.format(path=p) + texts[p] for p in paths)
 
 
-#: Columns of :func:`revision_documents`' table.
+#: Columns of :func:`revision_documents`' table: a piece's text view and its token ids.
 DOCUMENTS_SCHEMA = pa.schema([
     ("doc_key", pa.string()), ("source", pa.string()), ("piece_index", pa.int32()),
     ("paths", pa.list_(pa.string())), ("offsets", pa.list_(pa.int64())),
     ("n_files", pa.int32()), ("n_tokens", pa.int64()), ("text", pa.large_string()),
+    ("input_ids", pa.list_(pa.uint32())),
 ])
 
 
@@ -211,7 +212,7 @@ class RevisionDocuments:
     per piece, in include order), ``oversized`` (paths over the budget alone, for the
     phase-2 fallback) and figures (``files``, ``includes_resolved``,
     ``includes_after_includer``: resolved includes placed after their includer, which only
-    an include cycle allows)."""
+    an include cycle allows; ``pieces``, ``oversized_files``)."""
 
     table: pa.Table
     oversized: list[str]
@@ -219,40 +220,46 @@ class RevisionDocuments:
 
 
 def revision_documents(source: str, files: Mapping[str, tuple[str, str]],
-                       count_tokens: Callable[[list[str]], list[int]], budget: int = P3_BUDGET) -> RevisionDocuments:
-    """The ``p3_repo`` documents of one revision (module doc, steps 1–4 and
-    :func:`piece_text`).
+                       encode: Callable[[list[str]], list[list[int]]], *, bos_id: int, file_sep_id: int,
+                       budget: int = P3_BUDGET) -> RevisionDocuments:
+    """The ``p3_repo`` documents of one revision, as text and as token ids (module doc,
+    steps 1–4).
 
     ``files``: ``{path: (language, text)}`` of the revision's kept files (``language`` as
-    in :func:`include_spellings`); ``count_tokens(strings) -> [int]`` counts the tokens of
-    each string without a BOS (the snapshot tokenizer). A piece's ``doc_key`` is
-    ``SOURCE/@p3/NNNNN``; ``offsets[i]`` is the character offset of ``paths[i]``'s
-    :data:`FILE_HEADER` in ``text`` (so :func:`split_piece` inverts a piece exactly, even
-    when a file's text holds the separator); ``n_tokens`` counts the files' header and text
-    tokens plus the BOS. The same files always give the same table. Raises ``ValueError``
-    from :func:`cut_pieces`."""
+    in :func:`include_spellings`); ``encode(strings) -> [[id]]`` is the snapshot
+    tokenizer without special tokens. The separator is inserted **by id**: the tokenizer
+    never turns text into a special token, so a file holding the string ``<FILE_SEP>``
+    (or ``<BOS>``) stays text. A piece's ``input_ids`` are ``bos_id``, then per file
+    ``file_sep_id`` and ``encode(path + "\n" + text)``; ``n_tokens`` is their count (≤
+    ``budget``). ``text`` is the same piece as text (:func:`piece_text`), ``offsets[i]`` the
+    character offset of ``paths[i]``'s :data:`FILE_HEADER` in it (:func:`split_piece`
+    inverts it exactly). ``doc_key`` is ``SOURCE/@p3/NNNNN``. The same files always give
+    the same table. Raises ``ValueError`` from :func:`cut_pieces`."""
     paths = sorted(files)
     spellings = {p: include_spellings(files[p][1], files[p][0]) for p in paths}
     includes = resolve_includes(paths, spellings)
     order = include_order(paths, includes)
     pos = {p: i for i, p in enumerate(order)}
     after = sum(pos[q] > pos[p] for p, qs in includes.items() for q in qs)
-    counts = count_tokens([FILE_HEADER.format(path=p) + files[p][1] for p in order])
-    pieces = cut_pieces(order, dict(zip(order, counts)), budget)
+    bodies = dict(zip(order, encode([f"{p}\n{files[p][1]}" for p in order])))
+    pieces = cut_pieces(order, {p: 1 + len(bodies[p]) for p in order}, budget)
     cols: dict[str, list] = {f.name: [] for f in DOCUMENTS_SCHEMA}
-    for i, (ps, n) in enumerate(zip(pieces.pieces, pieces.tokens)):
-        offsets, at = [], 0
+    for i, ps in enumerate(pieces.pieces):
+        offsets, at, ids = [], 0, [bos_id]
         for p in ps:
             offsets.append(at)
             at += len(FILE_HEADER.format(path=p)) + len(files[p][1])
+            ids.append(file_sep_id)
+            ids.extend(bodies[p])
         cols["doc_key"].append(f"{source}/@p3/{i:05d}")
         cols["source"].append(source)
         cols["piece_index"].append(i)
         cols["paths"].append(list(ps))
         cols["offsets"].append(offsets)
         cols["n_files"].append(len(ps))
-        cols["n_tokens"].append(n)
+        cols["n_tokens"].append(len(ids))
         cols["text"].append(piece_text(ps, {p: files[p][1] for p in ps}))
+        cols["input_ids"].append(ids)
     figures = {"files": len(paths), "includes_resolved": sum(map(len, includes.values())),
                "includes_after_includer": int(after), "pieces": len(pieces.pieces), "oversized_files": len(pieces.oversized)}
     return RevisionDocuments(pa.table(cols, schema=DOCUMENTS_SCHEMA), pieces.oversized, figures)
@@ -270,3 +277,14 @@ def split_piece(text: str, paths: Sequence[str], offsets: Sequence[int]) -> list
             raise ValueError(f"piece: no header for {p!r} at offset {a}")
         out.append((p, text[a + len(head):b]))
     return out
+
+
+def split_ids(ids: Sequence[int], file_sep_id: int) -> list[list[int]]:
+    """The per-file token runs of one piece's ids (BOS first): the ids after each
+    ``file_sep_id``, up to the next one. Raises ``ValueError`` when the ids do not start
+    with a BOS followed by a separator."""
+    ids = list(ids)
+    if len(ids) < 2 or ids[1] != file_sep_id:
+        raise ValueError("a p3 piece starts with BOS then the file separator")
+    cuts = [i for i, t in enumerate(ids) if t == file_sep_id] + [len(ids)]
+    return [ids[a + 1:b] for a, b in zip(cuts[:-1], cuts[1:])]

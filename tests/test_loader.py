@@ -192,3 +192,15 @@ def test_platform_ids_load_without_the_full_contract(tmp_path):
     ds = loader.PackedRowsDataset(tmp_path, features=["platform_conditioning"])
     got = sorted(tuple(p) for i in range(len(ds)) for p in ds[i]["platform_ids"])
     assert got == [(1, 2), (1, 3), (1, 4)]
+
+
+def test_document_attention_mask_of_a_block_of_query_rows_equals_those_rows_of_the_whole_mask():
+    import torch
+    seg = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 3], dtype=torch.int32)
+    whole = loader.document_attention_mask(seg)
+    assert whole.shape == (9, 9)
+    for lo, hi in ((0, 9), (2, 6), (5, 9), (8, 9)):
+        assert torch.equal(loader.document_attention_mask(seg, slice(lo, hi)), whole[lo:hi])
+    assert not whole[3, 2] and whole[4, 3] and not whole[3, 4]  # no key of an earlier segment, none ahead
+    with pytest.raises(ValueError):
+        loader.document_attention_mask(seg, slice(0, 9, 2))

@@ -116,21 +116,23 @@ def _tiny_files(root):
     return files
 
 
+def _tok(root):
+    from megacpp_core import tokenizer as tk
+    tok = tk.load_tokenizer(SnapshotLayout(root, "tiny").stage_dir("tokenizer") / "tokenizer.json")
+    return tok, (lambda strings: [e.ids for e in tok.encode_batch(strings, add_special_tokens=False)])
+
+
 def test_revision_documents_read_back_to_whole_source_files(tiny_run):
-    """Every p3 piece of every tiny revision, split at its header offsets, gives back whole
-    kept files byte for byte, each once; headers precede their includers; token counts
-    come from the real snapshot tokenizer and stay within the budget."""
+    """Every p3 piece of every tiny revision gives back whole kept files, each once, both
+    from its text (split at the header offsets) and from its token ids (split at the
+    separator id, decoded); headers precede their includers; every piece fits the budget."""
     from megacpp_core import tokenizer as tk
     root, _ = tiny_run
-    lay = SnapshotLayout(root, "tiny")
-    tok = tk.load_tokenizer(lay.stage_dir("tokenizer") / "tokenizer.json")
-
-    def count(strings):
-        return [len(e.ids) for e in tok.encode_batch(strings, add_special_tokens=False)]
-
+    tok, encode = _tok(root)
+    sep = tok.token_to_id(rd.FILE_SEP)
     budget = 20_000
     for source, fs in sorted(_tiny_files(root).items()):
-        docs = rd.revision_documents(source, fs, count, budget=budget)
+        docs = rd.revision_documents(source, fs, encode, bos_id=tk.BOS_ID, file_sep_id=sep, budget=budget)
         t = docs.table
         assert t.num_rows >= 1 and t.schema == rd.DOCUMENTS_SCHEMA
         seen = []
@@ -140,16 +142,24 @@ def test_revision_documents_read_back_to_whole_source_files(tiny_run):
             assert [p for p, _ in parts] == row["paths"] and row["n_files"] == len(parts)
             for p, text in parts:
                 assert text == fs[p][1], (source, p)  # no piece cuts a file in the middle
-            assert row["n_tokens"] == 1 + sum(count([rd.FILE_HEADER.format(path=p) + fs[p][1] for p in row["paths"]]))
-            assert row["n_tokens"] <= budget
+            runs = rd.split_ids(row["input_ids"], sep)
+            assert [tok.decode(r, skip_special_tokens=False) for r in runs] == [f"{p}\n{fs[p][1]}" for p in row["paths"]]
+            assert row["input_ids"].count(tk.BOS_ID) == 1 and row["input_ids"][0] == tk.BOS_ID
+            assert row["n_tokens"] == len(row["input_ids"]) <= budget
             seen += row["paths"]
         assert sorted(seen + docs.oversized) == sorted(fs) and len(set(seen)) == len(seen)
         assert docs.figures["files"] == len(fs) and docs.figures["pieces"] == t.num_rows
         if source == "lz4-4.4.5":
             assert seen.index("lz4libs/lz4.h") < seen.index("lz4libs/lz4frame.c")
             assert any(n > 1 for n in t.column("n_files").to_pylist())  # pieces span several files
-    again = rd.revision_documents("lz4-4.4.5", _tiny_files(root)["lz4-4.4.5"], count, budget=budget)
-    assert again.table.equals(rd.revision_documents("lz4-4.4.5", _tiny_files(root)["lz4-4.4.5"], count, budget=budget).table)
+    lz4 = _tiny_files(root)["lz4-4.4.5"]
+    one, two = (rd.revision_documents("lz4-4.4.5", lz4, encode, bos_id=tk.BOS_ID, file_sep_id=sep, budget=budget)
+                for _ in range(2))
+    assert one.table.equals(two.table)
+
+
+def _chars(strings):
+    return [[ord(c) + 100 for c in x] for x in strings]
 
 
 def test_a_file_holding_the_separator_still_reads_back_exactly():
@@ -158,17 +168,84 @@ def test_a_file_holding_the_separator_still_reads_back_exactly():
         "b.c": ("c", '#include "a.h"\nconst char *s = "<FILE_SEP>a.h\\n";\n/* <FILE_SEP>x.c\n */\n'),
         "c.c": ("c", "<FILE_SEP>b.c\n" * 3),
     }
-    docs = rd.revision_documents("r", files, lambda xs: [len(x) for x in xs], budget=10_000)
+    docs = rd.revision_documents("r", files, _chars, bos_id=2, file_sep_id=7, budget=10_000)
     (row,) = docs.table.to_pylist()
     assert row["paths"] == ["a.h", "b.c", "c.c"]
     assert dict(rd.split_piece(row["text"], row["paths"], row["offsets"])) == {p: t for p, (_, t) in files.items()}
+    assert row["input_ids"].count(7) == 3  # the separator only by id, never from the text
+    assert rd.split_ids(row["input_ids"], 7) == _chars([f"{p}\n{t}" for p, (_, t) in files.items()])
     with pytest.raises(ValueError, match="no header"):
         rd.split_piece(row["text"], row["paths"], [0, 3, row["offsets"][2]])
+    with pytest.raises(ValueError):
+        rd.split_ids(row["input_ids"][1:], 7)
 
 
 def test_an_oversized_file_is_set_apart_and_an_empty_revision_has_no_piece():
     files = {"big.c": ("c", "x" * 500), "small.h": ("header", "int s;\n")}
-    docs = rd.revision_documents("r", files, lambda xs: [len(x) for x in xs], budget=100)
+    docs = rd.revision_documents("r", files, _chars, bos_id=2, file_sep_id=7, budget=100)
     assert docs.oversized == ["big.c"] and docs.table.column("paths").to_pylist() == [["small.h"]]
-    empty = rd.revision_documents("r", {}, lambda xs: [len(x) for x in xs])
+    empty = rd.revision_documents("r", {}, _chars, bos_id=2, file_sep_id=7)
     assert empty.table.num_rows == 0 and empty.oversized == [] and empty.figures["files"] == 0
+
+
+def _attention(q, k, v, segment_ids, lo: int, hi: int, keys_from: int = 0):
+    """Causal attention outputs of queries ``lo … hi − 1`` over keys ``keys_from … hi − 1``
+    with the loader's document mask for those query rows."""
+    import torch
+
+    from megacpp_core import loader
+    mask = loader.document_attention_mask(segment_ids, slice(lo, hi))[:, keys_from:hi]
+    scores = (q[lo:hi] @ k[keys_from:hi].T) / q.shape[-1] ** 0.5
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v[keys_from:hi]
+
+
+def test_a_p3_row_attends_within_each_repository_piece(tiny_run):
+    """The tiny revisions' p3 pieces packed into 65,536-token rows: a row's BOS count
+    equals its pieces, each piece read back from the row decodes to whole kept files, and
+    with the loader's document mask each piece's attention output equals that of the
+    piece alone."""
+    import numpy as np
+    import torch
+
+    from megacpp_core import loader, pack
+    from megacpp_core import tokenizer as tk
+    root, _ = tiny_run
+    tok, encode = _tok(root)
+    sep = tok.token_to_id(rd.FILE_SEP)
+    files = _tiny_files(root)
+    inputs, paths_of = [], {}
+    for source, fs in sorted(files.items()):
+        for row in rd.revision_documents(source, fs, encode, bos_id=tk.BOS_ID, file_sep_id=sep).table.to_pylist():
+            inputs.append(pack.PackInput(np.array(row["input_ids"], dtype=np.uint32), row["doc_key"], source, "r", "",
+                                         row["piece_index"]))
+            paths_of[row["doc_key"]] = (source, row["paths"])
+    rows = pack.build_rows(inputs, rd.P3_BUDGET, tk.BOS_ID, tk.PAD_ID)
+    for r in rows.to_pylist():
+        ids = np.array(r["input_ids"], dtype=np.int64)[: r["valid_token_count"]]
+        starts = np.flatnonzero(ids == tk.BOS_ID).tolist()
+        assert len(starts) == r["num_docs"] == len(r["doc_keys"])
+        for key, a, b in zip(r["doc_keys"], starts, starts[1:] + [len(ids)]):
+            source, paths = paths_of[key]
+            runs = rd.split_ids(ids[a:b].tolist(), sep)
+            assert [tok.decode(x, skip_special_tokens=False) for x in runs] == [f"{p}\n{files[source][p][1]}" for p in paths]
+    best = max(range(rows.num_rows), key=lambda i: rows.column("num_docs")[i].as_py())
+    r = rows.slice(best, 1).to_pylist()[0]
+    assert r["num_docs"] >= 2, "no p3 row holds two pieces"
+    ids = np.array(r["input_ids"], dtype=np.int64)
+    views = loader.derived_views(ids, r["valid_token_count"])
+    seg = torch.from_numpy(views["segment_ids"])
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(tok.get_vocab_size(), 8, generator=g)
+    wq, wk, wv = (torch.randn(8, 8, generator=g) for _ in range(3))
+    x = emb[torch.from_numpy(ids)]
+    q, k, v = x @ wq, x @ wk, x @ wv
+    cu = views["cu_seqlens"].tolist()
+    window = 1024  # the queries at each end of a piece; keys reach this far into the piece before it
+    for d, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+        if d >= r["num_docs"]:
+            break  # the PAD tail
+        alone_seg = torch.zeros(b - a, dtype=torch.int32)
+        for lo, hi in {(a, min(b, a + window)), (max(a, b - window), b)}:
+            in_row = _attention(q, k, v, seg, lo, hi, keys_from=max(0, a - window))
+            alone = _attention(q[a:b], k[a:b], v[a:b], alone_seg, lo - a, hi - a)
+            assert torch.allclose(in_row, alone, atol=1e-5), f"piece {d} of row {best} attends outside itself"
