@@ -218,7 +218,6 @@ def write_shards(tree: Tree, snapshot: str, source: Source, provenance: Acquired
                     batches += 1
             if not idx:
                 out.write(acquire.SOURCE_FILES_SCHEMA.empty_table())
-        pa.default_memory_pool().release_unused()  # a large file's encoding buffers go back to the system
         files[key] = path
         counts.append(len(idx))
         nbytes.append(sum(tree.sizes[i] for i in idx))

@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .tables import release_memory
+
 
 class SignatureError(ValueError):
     """A signature table whose rows are not all of one length."""
@@ -81,7 +83,7 @@ def snapshot_signatures(refs, width: int, source_ids: dict[str, int],
         srcs.append(np.full(len(key), source_ids[ref.source], dtype=np.int32))
         sigs.append(sg if len(sg) else np.zeros((0, k), np.uint32))
         del sg
-    pa.default_memory_pool().release_unused()
+    release_memory()
     return (pa.chunked_array([c for key in keys for c in key.chunks], pa.string()),
             np.concatenate(srcs) if srcs else np.zeros(0, np.int32),
             np.concatenate(sigs) if sigs else np.zeros((0, k), np.uint32))

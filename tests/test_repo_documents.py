@@ -77,10 +77,7 @@ def test_pieces_cut_only_at_file_boundaries_within_budget():
 
 def test_real_revisions_order_every_include_before_its_includer_outside_cycles(tiny_run):
     root, _ = tiny_run
-    kept = SnapshotLayout(root, "tiny").kept_files(["source", "path", "language", "text"])
-    files: dict[str, dict[str, tuple[str, str]]] = collections.defaultdict(dict)
-    for s, p, lang, text in zip(*(kept.column(c).to_pylist() for c in ("source", "path", "language", "text"))):
-        files[s][p] = (lang, text)
+    files = _tiny_files(root)
     assert len(files) == 3
     for source, fs in files.items():
         spell = {p: rd.include_spellings(t, lang) for p, (lang, t) in fs.items()}
