@@ -18,7 +18,7 @@ from megacpp_assets import sensors as snapshot_sensors
 from megacpp_assets.factory import (build_assets, dataset_card_asset, repo_revision, revision_shard, shard_partitions,
                                     snapshot_partitions)
 from megacpp_core.stage import Partitioning
-from megacpp_core.stages import STAGES
+from megacpp_core.stages import STAGES, sinks
 from megacpp_resources import DataRootResource, ScanCodeResource
 from megacpp_resources.kubernetes import AlertSinkResource, KubernetesResource
 
@@ -29,8 +29,7 @@ def build_definitions(stages=STAGES) -> Definitions:
     """The code location's Definitions for ``stages`` (the registry by default; tests pass
     a variant, e.g. with one stage's ``code_version`` bumped)."""
     assets = build_assets(stages)
-    final = [s for s in stages if s.partitioning is Partitioning.SNAPSHOT][-1]
-    card = dataset_card_asset(final)
+    card = dataset_card_asset(sinks(stages))
     revision_keys = [AssetKey(s.asset) for s in stages if s.partitioning is Partitioning.REVISION]
     shard_keys = [AssetKey(s.asset) for s in stages if s.partitioning is Partitioning.REVISION_SHARD]
     snapshot_keys = [AssetKey(s.asset) for s in stages if s.partitioning is Partitioning.SNAPSHOT] + [card.key]

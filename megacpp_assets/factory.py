@@ -226,11 +226,13 @@ def build_assets(stages: tuple[Stage, ...] = stage_registry.STAGES) -> list:
     return [stage_asset(s, producers) for s in stages]
 
 
-def dataset_card_asset(final: Stage):
+def dataset_card_asset(finals: list[Stage]):
     """The ``dataset_card`` asset: renders ``card.md`` from every stage's figures after
-    the last stage (the only reader of figures), and shows it in the UI."""
+    the ``finals`` (the snapshot stages nothing else reads:
+    :func:`megacpp_core.stages.sinks`; the card is the only reader of figures), and shows
+    it in the UI."""
 
-    @asset(name="dataset_card", partitions_def=snapshot_partitions, group_name="snapshot", deps=[final.asset],
+    @asset(name="dataset_card", partitions_def=snapshot_partitions, group_name="snapshot", deps=[s.asset for s in finals],
            code_version=CARD_CODE_VERSION, kinds={"markdown"}, required_resource_keys={"data_root"},
            description="The dataset card: a markdown summary of the snapshot, stage by stage (SPEC §9).")
     def _card(context: AssetExecutionContext) -> MaterializeResult:

@@ -21,8 +21,8 @@ from dagster import AssetKey, DagsterInstance
 from megacpp_assets import freshness
 from megacpp_assets.factory import CARD_CODE_VERSION, register_shards
 from megacpp_core import layout
-from megacpp_core.stage import Partition, Partitioning
-from megacpp_core.stages import phases
+from megacpp_core.stage import Partition
+from megacpp_core.stages import phases, sinks
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
@@ -139,8 +139,8 @@ class SnapshotRun:
         extra = {}
         if n == len(self.passes):
             assets.append("dataset_card")
-            final = [s for s in self.stages if s.partitioning is Partitioning.SNAPSHOT][-1]
-            extra = {"dataset_card": (CARD_CODE_VERSION, [final.asset], lambda: self.root.exists(layout.card_key(name)))}
+            finals = [s.asset for s in sinks(self.stages)]
+            extra = {"dataset_card": (CARD_CODE_VERSION, finals, lambda: self.root.exists(layout.card_key(name)))}
         if not assets:
             return True
         plan = assets if self.rerun else [x.asset for x in freshness.plan(self.instance, self.stages, self.root,

@@ -7,7 +7,7 @@ root and attached to the ``dataset_card`` asset's metadata.
 
 from __future__ import annotations
 
-from . import layout
+from . import families, layout
 from .manifest import Manifest
 from .storage import DataRoot
 
@@ -141,12 +141,51 @@ def render_card(root: DataRoot, manifest: Manifest) -> str:
           f"{_fmt(p.get('fim_doc_comment_masked_tokens', 0))} tokens in {_fmt(p.get('fim_doc_comment_docs', 0))} documents.",
           f"Megatron ({f.get('export_level', 'document')}-level): `{f.get('prefix', '')}` — {_fmt(f.get('documents', 0))} sequences, dtype {f.get('dtype', '')}, "
           f"verify {'passed' if f.get('verify_ok') else 'NOT passed'}."]
+    fam = {f.name: layout.read_figures(root, manifest.name, f.name) for f in families.FAMILIES}
+    L += families_section(fam, layout.read_figures(root, manifest.name, "family_chunks", sources=names) or {},
+                          layout.read_figures(root, manifest.name, "repo_documents", sources=names) or {})
     L += ["", "## Wall time per stage (seconds)", "", "| stage | seconds |", "|---|---:|"]
     for st in REVISION_STAGES:
         L.append(f"| {st} (all revisions) | {sum((rev[st][s.name] or {}).get('wall_seconds', 0) for s in manifest.sources):.1f} |")
     for st in SNAPSHOT_STAGES:
         L.append(f"| {st} | {(snap[st] or {}).get('wall_seconds', 0):.1f} |")
+    for name, f in fam.items():
+        if f:
+            L.append(f"| {name} | {f.get('wall_seconds', 0):.1f} |")
     return "\n".join(L) + "\n"
+
+
+def families_section(fam: dict[str, dict | None], chunks: dict, repo: dict) -> list[str]:
+    """Markdown lines of the curriculum families (SPEC §5b): per family its phase, row
+    length, documents, tokens, rows, fill and verify outcome, from each family stage's
+    figures (``fam``), the phase-1/2 builder's (``chunks``) and the phase-3 builder's
+    (``repo``) summed over the snapshot; a family not materialized is said so."""
+    L = ["", "## Curriculum families (SPEC 5b)", "",
+         "| family | phase | row length | documents | tokens | rows | fill | rows / lower bound | FIM | Megatron | verify |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for name, f in fam.items():
+        if not f:
+            L.append(f"| {name} | | | not materialized | | | | | | | |")
+            continue
+        L.append(f"| {name} | {f.get('phase')} | {_fmt(f.get('row_length', 0))} | {_fmt(f.get('docs', 0))} | "
+                 f"{_fmt(f.get('tokens', 0))} | {_fmt(f.get('rows', 0))} | {_pct(f.get('fill'))} | "
+                 f"{_fmt(f.get('rows_over_lower_bound', 0.0))} | {'rate ' + str(f.get('fim_rate')) if f.get('fim_rate') else 'off'} | "
+                 f"`{f.get('megatron_prefix', '')}` | {'passed' if f.get('verify_ok') else 'NOT passed'} |")
+    L += ["", f"Phase 1: {_fmt(chunks.get('p1_split_documents', 0))} documents over 4,096 tokens cut by ids into "
+          f"{_fmt(chunks.get('p1_pieces', 0))} pieces (at declaration starts, else line ends); doc-rich = a "
+          f"documentation-comment share of at least {families.DOCRICH_MIN_SHARE}. Phase 2: "
+          f"{_fmt(chunks.get('p2_whole_files', 0))} whole files, {_fmt(chunks.get('p2_fallback_files', 0))} over 16,384 tokens "
+          f"kept as their chunks. Phase 3: {_fmt(repo.get('files', 0))} files in {_fmt(repo.get('pieces', 0))} repository "
+          f"pieces ({_fmt(repo.get('multi_file_pieces', 0))} spanning several files; {_fmt(repo.get('includes_resolved', 0))} "
+          f"includes resolved); {_fmt(repo.get('oversized_files', 0))} files over 65,536 tokens fell back to their "
+          f"p2_file split ({_fmt(repo.get('fallback_documents', 0))} documents)."]
+    lengths = {name: f.get("document_lengths") or {} for name, f in fam.items() if f}
+    bins = sorted({b for h in lengths.values() for b in h}, key=lambda b: int(b[2:]))
+    if bins:
+        L += ["", "Document length (tokens with BOS) per family:", "", "| ≤ tokens | " + " | ".join(lengths) + " |",
+              "|---:|" + "---:|" * len(lengths)]
+        L += [f"| {_fmt(int(b[2:]))} | " + " | ".join(_fmt(h.get(b, 0)) for h in lengths.values()) + " |" for b in bins]
+    return L
 
 
 def dep5_section(manifest: Manifest, license_figures: dict[str, dict | None], limit: int = 20) -> list[str]:

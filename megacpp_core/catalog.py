@@ -20,6 +20,7 @@ from megacpp_checks.schemas import quality as s_quality
 from megacpp_checks.schemas import scrub as s_scrub
 from megacpp_checks.schemas import semantic as s_semantic
 
+from . import families
 from .stage import Dataset, Kind, Partitioning
 
 REV = Partitioning.REVISION
@@ -86,3 +87,25 @@ PACKED = Dataset("packed", SNAP, "packed", kind=Kind.SHARDS,
                  description="packed-row parquet shards (train-*, validation-*) and the _SUCCESS sentinel (SPEC §6)")
 MEGATRON = Dataset("megatron", SNAP, "megatron", kind=Kind.FILES, marker="{snapshot}_text_document.json",
                    description="Megatron .bin/.idx, the sidecar (written last), the documents parquet and the tokenizer (SPEC §7)")
+
+# ---------------------------------------------------------------- curriculum families (SPEC §5b)
+#: Each family's documents: per revision × shard for the phase-1 and phase-2 families (built
+#: from the shard's tokenized documents), per revision for ``p3_repo`` (a revision's files).
+FAMILY_DOCUMENTS = {
+    f.name: (Dataset(f"{f.name}_documents", REV, f"revisions/{{source}}/families/{f.name}.parquet",
+                     schema=s_documents.family_validator(f.row_length),
+                     description=f"one row per {f.name} document ({f.documents}): BOS + uint32 ids, text, provenance")
+             if f.phase >= 3 else
+             Dataset(f"{f.name}_documents", SHARD, f"revisions/{{source}}/shards/{{shard}}/families/{f.name}.parquet",
+                     schema=s_documents.family_validator(f.row_length),
+                     description=f"one row per {f.name} document of the shard ({f.documents}): BOS + uint32 ids, text"))
+    for f in families.FAMILIES if f.name != "p4_structure"
+}
+#: Each family's packed rows (``_SUCCESS`` last) and Megatron dataset (sidecar last).
+FAMILY_PACKED = {name: Dataset(f"{name}_packed", SNAP, f"families/{name}/packed", kind=Kind.SHARDS,
+                               description=f"{name} packed-row parquet shards and the _SUCCESS sentinel (SPEC §6)")
+                 for name in FAMILY_DOCUMENTS}
+FAMILY_MEGATRON = {name: Dataset(f"{name}_megatron", SNAP, f"families/{name}/megatron", kind=Kind.FILES,
+                                 marker=f"{{snapshot}}_{name}_text_document.json",
+                                 description=f"{name} Megatron .bin/.idx, sidecar (last), documents parquet, tokenizer")
+                   for name in FAMILY_DOCUMENTS}

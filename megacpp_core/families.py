@@ -29,20 +29,23 @@ from .fim import DOC_COMMENT_RE
 @dataclass(frozen=True)
 class Family:
     """One dataset family: ``name`` (asset and Megatron prefix stem), curriculum ``phase``
-    (1–4), ``row_length`` in tokens (BOS included) and what its documents are."""
+    (1–4), ``row_length`` in tokens (BOS included), what its documents are, and whether
+    the snapshot's FIM settings apply (``fim``: not to repository documents, whose order
+    across files is what they teach; a FIM middle span would cut across file separators)."""
 
     name: str
     phase: int
     row_length: int
     documents: str
+    fim: bool = True
 
 
 FAMILIES: tuple[Family, ...] = (
     Family("p1_simple", 1, 4_096, "declaration-level chunks below the doc-comment share threshold"),
     Family("p1_docrich", 1, 4_096, "declaration-level chunks at or above the doc-comment share threshold"),
-    Family("p2_file", 2, 16_384, "whole files, chunks in dep_level order, chunk graph carried"),
-    Family("p3_repo", 3, 65_536, "a revision's files in include-dependency order, cut only at file boundaries"),
-    Family("p4_structure", 4, 65_536, "the p3 documents with every enrichment plane and the chunk graph"),
+    Family("p2_file", 2, 16_384, "whole files in source order, the chunk graph (each unit with its dep_level) carried"),
+    Family("p3_repo", 3, 65_536, "a revision's files in include-dependency order, cut only at file boundaries", fim=False),
+    Family("p4_structure", 4, 65_536, "the p3 documents with every enrichment plane and the chunk graph", fim=False),
 )
 BY_NAME = {f.name: f for f in FAMILIES}
 

@@ -34,6 +34,7 @@ import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import tree_sitter
 import tree_sitter_c
@@ -226,7 +227,7 @@ def revision_documents(source: str, files: Mapping[str, tuple[str, str]],
     steps 1–4).
 
     ``files``: ``{path: (language, text)}`` of the revision's kept files (``language`` as
-    in :func:`include_spellings`); ``encode(strings) -> [[id]]`` is the snapshot
+    in :func:`include_spellings`); ``encode(strings) -> [ids]`` (lists or uint32 arrays) is the snapshot
     tokenizer without special tokens. The separator is inserted **by id**: the tokenizer
     never turns text into a special token, so a file holding the string ``<FILE_SEP>``
     (or ``<BOS>``) stays text. A piece's ``input_ids`` are ``bos_id``, then per file
@@ -244,13 +245,14 @@ def revision_documents(source: str, files: Mapping[str, tuple[str, str]],
     bodies = dict(zip(order, encode([f"{p}\n{files[p][1]}" for p in order])))
     pieces = cut_pieces(order, {p: 1 + len(bodies[p]) for p in order}, budget)
     cols: dict[str, list] = {f.name: [] for f in DOCUMENTS_SCHEMA}
+    head, sep = np.asarray([bos_id], np.uint32), np.asarray([file_sep_id], np.uint32)
     for i, ps in enumerate(pieces.pieces):
-        offsets, at, ids = [], 0, [bos_id]
+        offsets, at, parts = [], 0, [head]
         for p in ps:
             offsets.append(at)
             at += len(FILE_HEADER.format(path=p)) + len(files[p][1])
-            ids.append(file_sep_id)
-            ids.extend(bodies[p])
+            parts += [sep, np.asarray(bodies[p], np.uint32)]
+        ids = np.concatenate(parts)
         cols["doc_key"].append(f"{source}/@p3/{i:05d}")
         cols["source"].append(source)
         cols["piece_index"].append(i)

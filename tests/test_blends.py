@@ -4,7 +4,6 @@ datasets for every specialist."""
 
 from __future__ import annotations
 
-import collections
 import warnings
 
 import numpy as np
@@ -12,10 +11,8 @@ import pytest
 import yaml
 
 from megacpp_core import blends, families
-from megacpp_core import repo_documents as rd
 from megacpp_core import tokenizer as tk
 from megacpp_core.layout import SnapshotLayout
-from megacpp_core.megatron import write_indexed_dataset
 
 
 def test_packaged_blend_file_has_the_eight_diets():
@@ -71,41 +68,25 @@ class _Tok:
     unique_identifiers = {"class": "megacpp-blend-test"}
 
 
-def test_megatron_core_builds_and_samples_every_specialists_blends(tiny_run, tmp_path):
-    """Family datasets from the tiny snapshot's real tokens: the phase-1 split of its
-    tokenized documents and the p3 pieces of its revisions (p4_structure's Megatron export
-    carries the same ids: its planes live in the packed rows only). For every specialist,
-    phases 1, 3 and 4 build with BlendedMegatronDatasetBuilder and GPTDatasetConfig and
-    draw samples in the blend's proportions; phase 2 waits for the p2_file builder and is
-    refused by name."""
+def test_megatron_core_builds_and_samples_every_specialists_blends(tiny_run):
+    """The family datasets the tiny snapshot's run committed (``families/F/megatron``),
+    p4_structure standing on p3_repo's ids until its stage exists (its planes live in the
+    packed rows only): for every specialist, all four phases build with
+    BlendedMegatronDatasetBuilder and GPTDatasetConfig and draw samples in the blend's
+    proportions."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
         from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     root, _ = tiny_run
     lay = SnapshotLayout(root, "tiny")
-    docs = lay.documents("tokenized", ["doc_key", "input_ids", "text"])
-    split = families.split_phase1(docs)
-    prefixes = {}
-    for fam, t in split.items():
-        prefixes[fam] = str(tmp_path / f"{fam}_text_document")
-        write_indexed_dataset(prefixes[fam], (np.asarray(x, dtype=np.uint32) for x in t.column("input_ids").to_pylist()), 131072)
-    tok = tk.load_tokenizer(lay.stage_dir("tokenizer") / "tokenizer.json")
-    encode = lambda xs: [e.ids for e in tok.encode_batch(xs, add_special_tokens=False)]  # noqa: E731
-    files: dict = collections.defaultdict(dict)
-    kept = lay.kept_files(["source", "path", "language", "text"])
-    for s, p, lang, text in zip(*(kept.column(c).to_pylist() for c in ("source", "path", "language", "text"))):
-        files[s][p] = (lang, text)
-    p3 = [np.asarray(ids, dtype=np.uint32) for s in sorted(files)
-          for ids in rd.revision_documents(s, files[s], encode, bos_id=tk.BOS_ID,
-                                           file_sep_id=tok.token_to_id(rd.FILE_SEP)).table.column("input_ids").to_pylist()]
-    for fam in ("p3_repo", "p4_structure"):
-        prefixes[fam] = str(tmp_path / f"{fam}_text_document")
-        write_indexed_dataset(prefixes[fam], iter(p3), 131072)
+    prefixes = {f.name: str(lay.root / "families" / f.name / "megatron" / f"tiny_{f.name}_text_document")
+                for f in families.FAMILIES if f.name != "p4_structure"}
+    prefixes["p4_structure"] = prefixes["p3_repo"]
     b = blends.load()
     n = 40
     for name in blends.SPECIALISTS:
-        for phase in (1, 3, 4):
+        for phase in (1, 2, 3, 4):
             paths, weights = blends.megatron_blend(b, name, phase, prefixes)
             seq = families.BY_NAME[next(iter(b.phase(name, phase).families))].row_length
             cfg = GPTDatasetConfig(random_seed=1, sequence_length=seq, blend=(paths, weights), split="1,0,0",
@@ -122,5 +103,3 @@ def test_megatron_core_builds_and_samples_every_specialists_blends(tiny_run, tmp
             if len(paths) > 1:
                 got = np.bincount(np.asarray(train.dataset_index), minlength=len(paths)) / len(train.dataset_index)
                 assert np.allclose(got, weights, atol=2 / n), (name, phase, got, weights)
-        with pytest.raises(blends.BlendError, match="p2_file"):
-            blends.megatron_blend(b, name, 2, prefixes)

@@ -197,34 +197,21 @@ def _attention(q, k, v, segment_ids, lo: int, hi: int, keys_from: int = 0):
 
 
 def test_a_p3_row_attends_within_each_repository_piece(tiny_run):
-    """The tiny revisions' p3 pieces packed into 65,536-token rows: a row's BOS count
-    equals its pieces, each piece read back from the row decodes to whole kept files, and
-    with the loader's document mask each piece's attention output equals that of the
-    piece alone."""
+    """A committed p3_repo row of the tiny snapshot (``families/p3_repo/packed``, the
+    family stage's output) holding several repository pieces: with the loader's document
+    mask, each piece's attention output in the row equals that of the piece alone (the
+    rows' read-back against the kept files is tests/test_family_documents.py)."""
     import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     import torch
 
-    from megacpp_core import loader, pack
-    from megacpp_core import tokenizer as tk
+    from megacpp_core import loader
     root, _ = tiny_run
-    tok, encode = _tok(root)
-    sep = tok.token_to_id(rd.FILE_SEP)
-    files = _tiny_files(root)
-    inputs, paths_of = [], {}
-    for source, fs in sorted(files.items()):
-        for row in rd.revision_documents(source, fs, encode, bos_id=tk.BOS_ID, file_sep_id=sep).table.to_pylist():
-            inputs.append(pack.PackInput(np.array(row["input_ids"], dtype=np.uint32), row["doc_key"], source, "r", "",
-                                         row["piece_index"]))
-            paths_of[row["doc_key"]] = (source, row["paths"])
-    rows = pack.build_rows(inputs, rd.P3_BUDGET, tk.BOS_ID, tk.PAD_ID)
-    for r in rows.to_pylist():
-        ids = np.array(r["input_ids"], dtype=np.int64)[: r["valid_token_count"]]
-        starts = np.flatnonzero(ids == tk.BOS_ID).tolist()
-        assert len(starts) == r["num_docs"] == len(r["doc_keys"])
-        for key, a, b in zip(r["doc_keys"], starts, starts[1:] + [len(ids)]):
-            source, paths = paths_of[key]
-            runs = rd.split_ids(ids[a:b].tolist(), sep)
-            assert [tok.decode(x, skip_special_tokens=False) for x in runs] == [f"{p}\n{files[source][p][1]}" for p in paths]
+    tok, _ = _tok(root)
+    packed = SnapshotLayout(root, "tiny").root / "families" / "p3_repo" / "packed"
+    rows = pa.concat_tables([pq.read_table(f) for f in sorted(packed.glob("*.parquet"))])
+    assert set(len(x) for x in rows.column("input_ids").to_pylist()) == {rd.P3_BUDGET}
     best = max(range(rows.num_rows), key=lambda i: rows.column("num_docs")[i].as_py())
     r = rows.slice(best, 1).to_pylist()[0]
     assert r["num_docs"] >= 2, "no p3 row holds two pieces"

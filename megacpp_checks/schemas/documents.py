@@ -157,6 +157,16 @@ def validate_documents(table: pa_arrow.Table) -> tuple[bool, str]:
     return validate_frame(DOCUMENTS, document_facts(table), "documents")
 
 
+def _planes_ok(table: pa_arrow.Table, n_ids: np.ndarray) -> np.ndarray:
+    """Per row: every token plane has one value per id, each within its range."""
+    ok = np.ones(table.num_rows, dtype=bool)
+    for p, vmax in _PLANE_MAX.items():
+        col = table.column(p).combine_chunks()
+        r, n = _rows_of(col)
+        ok &= (n == n_ids) & ~_row_any(r, col.flatten().to_numpy(zero_copy_only=False) > vmax, table.num_rows)
+    return ok
+
+
 def tokenized_facts(table: pa_arrow.Table, bos_id: int) -> pd.DataFrame:
     """One row of facts per stage-8 document (see :data:`TOKENIZED`)."""
     ids = table.column("input_ids").combine_chunks()
@@ -170,13 +180,7 @@ def tokenized_facts(table: pa_arrow.Table, bos_id: int) -> pd.DataFrame:
     if "structure_ids" not in table.column_names:
         return facts
     text_len = pc.utf8_length(table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
-    ok = np.ones(table.num_rows, dtype=bool)
-    for p, vmax in _PLANE_MAX.items():
-        col = table.column(p).combine_chunks()
-        r, n = _rows_of(col)
-        v = col.flatten().to_numpy(zero_copy_only=False)
-        ok &= (n == n_ids) & ~_row_any(r, v > vmax, table.num_rows)
-    facts["planes_per_token"] = ok
+    facts["planes_per_token"] = _planes_ok(table, n_ids)
     cs_col = table.column("token_char_start").combine_chunks()
     ce_col = table.column("token_char_end").combine_chunks()
     r, n = _rows_of(cs_col)
@@ -230,3 +234,54 @@ def validate_tokenized_documents(table: pa_arrow.Table) -> tuple[bool, str]:
     from megacpp_core.tokenizer import BOS_ID
 
     return validate_tokenized(table, BOS_ID)
+
+
+def family_facts(table: pa_arrow.Table, bos_id: int, row_length: int) -> pd.DataFrame:
+    """One row of facts per curriculum-family document (see :data:`FAMILY`): the stage-8
+    facts less the character spans, plus the BOS count and the family's row length."""
+    ids = table.column("input_ids").combine_chunks()
+    rows, n_ids = _rows_of(ids)
+    flat = ids.flatten().to_numpy(zero_copy_only=False) if len(ids) else np.zeros(0, np.uint32)
+    facts = pd.DataFrame({
+        "doc_key": pd.Series(table.column("doc_key").to_pylist(), dtype=str),
+        "n_tokens": table.column("n_tokens").to_numpy().astype(np.int64),
+        "n_ids": n_ids,
+        "bos_first": (pc.list_element(ids, 0).to_numpy(zero_copy_only=False) == bos_id) if len(ids) else np.zeros(0, bool),
+        "one_bos": np.bincount(rows[flat == bos_id], minlength=table.num_rows) == 1 if table.num_rows else np.zeros(0, bool),
+        "fits_row": n_ids <= row_length,
+    })
+    if "structure_ids" in table.column_names:
+        facts["planes_per_token"] = _planes_ok(table, n_ids)
+    if "chunk_boundaries" in table.column_names:
+        facts["chunks_inside"], nchunks = _chunk_facts(table, "chunk_boundaries", np.ones_like(n_ids), n_ids)
+        facts["edges_in_range"] = _edge_facts(table, nchunks)
+    return facts
+
+
+FAMILY = pa.DataFrameSchema(
+    {
+        "doc_key": pa.Column(str, unique=True),
+        "n_tokens": pa.Column("int64", pa.Check.ge(2)),
+        "n_ids": pa.Column("int64"),
+        "bos_first": pa.Column(bool, pa.Check.eq(True)),
+        "one_bos": pa.Column(bool, pa.Check.eq(True)),
+        "fits_row": pa.Column(bool, pa.Check.eq(True)),
+        "planes_per_token": pa.Column(bool, pa.Check.eq(True), required=False),
+        **_GRAPH_COLUMNS,
+    },
+    checks=[pa.Check(lambda df: df["n_tokens"] == df["n_ids"], error="n_tokens == len(input_ids)")],
+    strict=True,
+)
+
+
+def family_validator(row_length: int):
+    """``validate(table) -> (passed, detail)`` for the documents of a curriculum family
+    with rows of ``row_length`` tokens: unique keys, one BOS and it first, at least one
+    token after it, ``n_tokens == len(input_ids) <= row_length``, planes one value per
+    token and the chunk graph in range when present (SPEC §5b, §6)."""
+    from megacpp_core.tokenizer import BOS_ID
+
+    def validate_family_documents(table: pa_arrow.Table) -> tuple[bool, str]:
+        return validate_frame(FAMILY, family_facts(table, BOS_ID, row_length), "family documents")
+
+    return validate_family_documents

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..stage import Partitioning, Stage, StageError  # noqa: F401  (StageError: what a failed-closed stage raises)
-from . import (acquire, chunk, chunk_dedup, compile_commands, dedup, format, license, lsh_bands, minhash, pack,
-               quality, scrub, semantic_graph, tokenize, tokenizer)
+from . import (acquire, chunk, chunk_dedup, compile_commands, dedup, families, family_chunks, format, license, lsh_bands,
+               minhash, pack, quality, repo_documents, scrub, semantic_graph, tokenize, tokenizer)
 
 STAGES: tuple[Stage, ...] = (
     acquire.STAGE,
@@ -31,6 +31,9 @@ STAGES: tuple[Stage, ...] = (
     tokenize.STAGE,
     pack.STAGE,
     format.STAGE,
+    family_chunks.STAGE,
+    repo_documents.STAGE,
+    *families.STAGES,
 )
 
 
@@ -55,6 +58,13 @@ def producers(stages: tuple[Stage, ...] = STAGES) -> dict[str, Stage]:
                 raise ValueError(f"dataset {d.name} is written by {out[d.name].name} and {s.name}")
             out[d.name] = s
     return out
+
+
+def sinks(stages: tuple[Stage, ...] = STAGES) -> list[Stage]:
+    """The snapshot stages whose outputs no other stage reads (the Megatron export and each
+    curriculum family), in registry order: what the dataset card waits for."""
+    read = {d.name for s in stages for d in s.inputs}
+    return [s for s in stages if s.partitioning is Partitioning.SNAPSHOT and not any(d.name in read for d in s.outputs)]
 
 
 @dataclasses.dataclass(frozen=True)

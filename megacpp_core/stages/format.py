@@ -13,7 +13,7 @@ scratch space (fail closed), then committed; the gate verifies the committed cop
 exactly as it enters the rows (after FIM): one ``.bin/.idx`` part per ``tokenized`` shard
 (memory is one shard), merged in shard order with ``add_index`` (the raw writer's,
 byte-identical to megatron-core's ``IndexedDatasetBuilder.add_index``; see
-:data:`MERGE_BACKEND`) —
+:data:`megacpp_core.megatron_export.MERGE_BACKEND`, :func:`megacpp_core.megatron_export.document_level`) —
 the same sequences whatever the number of shards, in an order that follows the shards;
 ``"row"`` writes every packed row (all L tokens, train then validation) as one sequence,
 for ``GPTDataset`` with ``sequence_length = L`` and ``add_extra_token_to_sequence=False``.
@@ -23,22 +23,15 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from megacpp_checks import verify
 
-from .. import catalog, kept, megatron, megatron_merge, pack, pack_inputs, snapshot_tokenizer
+from .. import catalog, megatron, megatron_export, pack, pack_inputs, snapshot_tokenizer
 from .. import tokenizer as tk
 from ..stage import Files, Partitioning, Result, Stage, StageError
 from ..tables import ParquetStream, sha256_file
 
 EXPORT_LEVELS = ("document", "row")
-#: Backend of the per-shard parts and their merge: the raw writer, byte-identical to
-#: megatron-core's ``IndexedDatasetBuilder`` and ``add_index`` (tests/test_megatron.py),
-#: because megatron-core's ``add_index`` runs ``gc.collect()`` per part — measured 0.26 s a
-#: part in a small process (3.9 s of 7.5 s for the 15 parts of ``default``), more in a
-#: Dagster run.
-MERGE_BACKEND = "raw"
 SETTINGS = ("megatron_export", "row_length", "fim_rate", "fim_spm_share", "fim_seed", "fim_doc_comment_policy")
 
 
@@ -48,37 +41,11 @@ def prefix_name(snapshot: str) -> str:
 
 
 def _document_level(ctx, tok, info: dict, d, prefix, docs_out: ParquetStream) -> dict:
-    """One ``.bin/.idx`` part per ``tokenized`` shard (its documents but the chunk drops,
-    in keep order, after FIM — exactly the sequences that enter the rows), merged in shard
-    order (manifest order of the revisions, then shard keys) with the raw writer's
-    ``add_index``, byte-identical to megatron-core's ``IndexedDatasetBuilder.add_index``
-    (:func:`megacpp_core.megatron_merge.merge_indexed_datasets`). Memory is one shard's
-    ids and texts: the enrichment planes and the chunk graph are not read, since FIM draws
-    its spans from the ``doc_key`` and the length only (:func:`megacpp_core.fim.decide`)."""
-    refs = pack_inputs.tokenized_shards(ctx, info["sha256"])
-    drops = pack_inputs.chunk_drops(ctx)
+    """The document-level export of every ``tokenized`` shard but the chunk drops
+    (:func:`megacpp_core.megatron_export.document_level`)."""
     order = {s.name: i for i, s in enumerate(ctx.sources)}
-    columns, _ = pack_inputs.columns_to_read([])  # ids and text: FIM moves ids by doc_key and length alone
-    parts = []
-    for j, ref in enumerate(refs):
-        docs = kept.read_documents([ref], order, columns, drops)
-        if not docs.num_rows:
-            continue
-        inputs, _, _, raw = pack_inputs.packed_documents(docs, ctx.settings, tok, info["sha256"])
-        seqs = [x.ids for x in inputs]
-        raw_lengths = pc.list_value_length(raw.column("input_ids")).to_numpy(zero_copy_only=False).tolist()
-        texts = [t if len(q) == n else tk.decode(tok, q[1:])  # a FIM document is decoded from its ids
-                 for t, q, n in zip(raw.column("text").to_pylist(), seqs, raw_lengths)]
-        part = d / f"part-{j:05d}"
-        megatron.write_indexed_dataset(part, iter(seqs), info["vocab_size"], backend=MERGE_BACKEND)
-        parts.append(part)
-        docs_out.write(pa.table({"doc_key": [x.doc_key for x in inputs], "text": pa.array(texts, pa.large_string())}))
-    written = megatron_merge.merge_indexed_datasets(parts, prefix, info["vocab_size"], backend=MERGE_BACKEND)
-    for part in parts:
-        for ext in (".bin", ".idx"):
-            (part.parent / f"{part.name}{ext}").unlink()
-    written["parts"] = len(parts)
-    return written
+    return megatron_export.document_level(pack_inputs.tokenized_shards(ctx, info["sha256"]), pack_inputs.chunk_drops(ctx),
+                                          order, ctx.settings, tok, info, d, prefix, docs_out)
 
 
 def _row_level(tok, info: dict, packed, sentinel: dict, d, prefix, docs_out: ParquetStream) -> dict:
