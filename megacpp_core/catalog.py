@@ -90,7 +90,8 @@ MEGATRON = Dataset("megatron", SNAP, "megatron", kind=Kind.FILES, marker="{snaps
 
 # ---------------------------------------------------------------- curriculum families (SPEC §5b)
 #: Each family's documents: per revision × shard for the phase-1 and phase-2 families (built
-#: from the shard's tokenized documents), per revision for ``p3_repo`` (a revision's files).
+#: from the shard's tokenized documents), per revision for ``p3_repo`` (a revision's files)
+#: and ``p4_structure`` (the ``p3_repo`` documents with their planes and chunk graph).
 FAMILY_DOCUMENTS = {
     f.name: (Dataset(f"{f.name}_documents", REV, f"revisions/{{source}}/families/{f.name}.parquet",
                      schema=s_documents.family_validator(f.row_length),
@@ -99,7 +100,7 @@ FAMILY_DOCUMENTS = {
              Dataset(f"{f.name}_documents", SHARD, f"revisions/{{source}}/shards/{{shard}}/families/{f.name}.parquet",
                      schema=s_documents.family_validator(f.row_length),
                      description=f"one row per {f.name} document of the shard ({f.documents}): BOS + uint32 ids, text"))
-    for f in families.FAMILIES if f.name != "p4_structure"
+    for f in families.FAMILIES
 }
 #: Each family's packed rows (``_SUCCESS`` last) and Megatron dataset (sidecar last).
 FAMILY_PACKED = {name: Dataset(f"{name}_packed", SNAP, f"families/{name}/packed", kind=Kind.SHARDS,
@@ -109,3 +110,8 @@ FAMILY_MEGATRON = {name: Dataset(f"{name}_megatron", SNAP, f"families/{name}/meg
                                  marker=f"{{snapshot}}_{name}_text_document.json",
                                  description=f"{name} Megatron .bin/.idx, sidecar (last), documents parquet, tokenizer")
                    for name in FAMILY_DOCUMENTS}
+#: Per specialist and phase, Megatron's ``--data-path`` list over the family prefixes
+#: (``SPECIALIST/phaseN.txt``) and ``index.json`` (written last).
+BLENDS = Dataset("blends", SNAP, "blends", kind=Kind.FILES, marker="index.json",
+                 description="per specialist and curriculum phase, the Megatron --data-path weight/prefix list over the "
+                             "family datasets (SPECIALIST/phaseN.txt; prefixes relative to the snapshot) and index.json")

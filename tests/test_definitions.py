@@ -22,8 +22,9 @@ def test_definitions_load_and_graph_is_the_stage_chain():
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {s.asset for s in STAGES} | {"k8s_workers", "dataset_card"}
     assert set(ORDER) | {"chunk_dedup", "minhash_signatures", "lsh_bands_00_07", "lsh_bands_07_14", "compile_commands",
-                         "semantic_graph", "phase1_phase2_documents", "p3_repo_documents", "p1_simple_dataset",
-                         "p1_docrich_dataset", "p2_file_dataset", "p3_repo_dataset"} == {s.asset for s in STAGES}
+                         "semantic_graph", "phase1_phase2_documents", "p3_repo_documents", "p4_structure_documents",
+                         "p1_simple_dataset", "p1_docrich_dataset", "p2_file_dataset", "p3_repo_dataset",
+                         "p4_structure_dataset", "blends"} == {s.asset for s in STAGES}
     for up, down in zip(ORDER, ORDER[1:]):
         assert AssetKey(up) in graph.get(AssetKey(down)).parent_keys, (up, down)
     assert AssetKey("megatron_dataset") in graph.get(AssetKey("dataset_card")).parent_keys
@@ -33,8 +34,13 @@ def test_definitions_load_and_graph_is_the_stage_chain():
     # the curriculum families (SPEC 5b) build on the tokenized documents
     for up, down in (("tokenized_documents", "phase1_phase2_documents"), ("tokenized_documents", "p3_repo_documents"),
                      ("phase1_phase2_documents", "p1_simple_dataset"), ("phase1_phase2_documents", "p2_file_dataset"),
-                     ("p3_repo_documents", "p3_repo_dataset")):
+                     ("p3_repo_documents", "p3_repo_dataset"), ("p3_repo_documents", "p4_structure_documents"),
+                     ("semantic_graph", "p4_structure_documents"), ("p4_structure_documents", "p4_structure_dataset")):
         assert AssetKey(up) in graph.get(AssetKey(down)).parent_keys, (up, down)
+    # the blends point Megatron at every family's dataset; the card waits for them
+    fams = {AssetKey(f"{f}_dataset") for f in ("p1_simple", "p1_docrich", "p2_file", "p3_repo", "p4_structure")}
+    assert set(graph.get(AssetKey("blends")).parent_keys) == fams
+    assert AssetKey("blends") in graph.get(AssetKey("dataset_card")).parent_keys
 
 
 def test_every_dependency_is_a_declared_input():

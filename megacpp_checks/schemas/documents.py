@@ -255,6 +255,8 @@ def family_facts(table: pa_arrow.Table, bos_id: int, row_length: int) -> pd.Data
     if "chunk_boundaries" in table.column_names:
         facts["chunks_inside"], nchunks = _chunk_facts(table, "chunk_boundaries", np.ones_like(n_ids), n_ids)
         facts["edges_in_range"] = _edge_facts(table, nchunks)
+    if "platform_ids" in table.column_names:
+        facts["platforms_ok"] = _platform_facts(table)
     return facts
 
 
@@ -278,7 +280,8 @@ def family_validator(row_length: int):
     """``validate(table) -> (passed, detail)`` for the documents of a curriculum family
     with rows of ``row_length`` tokens: unique keys, one BOS and it first, at least one
     token after it, ``n_tokens == len(input_ids) <= row_length``, planes one value per
-    token and the chunk graph in range when present (SPEC §5b, §6)."""
+    token, the chunk graph in range and at most 20 sorted platform labels when present
+    (SPEC §5b, §6)."""
     from megacpp_core.tokenizer import BOS_ID
 
     def validate_family_documents(table: pa_arrow.Table) -> tuple[bool, str]:

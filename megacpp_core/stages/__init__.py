@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..stage import Partitioning, Stage, StageError  # noqa: F401  (StageError: what a failed-closed stage raises)
-from . import (acquire, chunk, chunk_dedup, compile_commands, dedup, families, family_chunks, format, license, lsh_bands,
-               minhash, pack, quality, repo_documents, scrub, semantic_graph, tokenize, tokenizer)
+from . import (acquire, blends, chunk, chunk_dedup, compile_commands, dedup, families, family_chunks, format, license,
+               lsh_bands, minhash, pack, quality, repo_documents, scrub, semantic_graph, structure_documents, tokenize,
+               tokenizer)
 
 STAGES: tuple[Stage, ...] = (
     acquire.STAGE,
@@ -33,7 +34,9 @@ STAGES: tuple[Stage, ...] = (
     format.STAGE,
     family_chunks.STAGE,
     repo_documents.STAGE,
+    structure_documents.STAGE,
     *families.STAGES,
+    blends.STAGE,
 )
 
 
