@@ -10,9 +10,10 @@ write the datasets it reads (a snapshot stage reading a per-revision dataset fan
 are the stage's gates plus one schema check per output table; heavy stages carry their
 pod resources and concurrency pool; declared tools become required resources. The
 asset body only calls :func:`megacpp_core.runner.run_stage` and turns the result into a
-``MaterializeResult``: figures as metadata, check results, the partition's data version
-(a hash of the output files, so an unchanged output leaves everything downstream in
-sync) and tags recording the settings fingerprint and the input versions it read.
+``MaterializeResult``: figures as metadata (a stage's ``plots`` as markdown with inline
+PNG images), check results, the partition's data version (a hash of the output files, so
+an unchanged output leaves everything downstream in sync) and tags recording the
+settings fingerprint and the input versions it read.
 """
 
 
@@ -40,7 +41,7 @@ from dagster import (
 )
 
 from megacpp_assets import profiles
-from megacpp_core import card
+from megacpp_core import card, plots
 from megacpp_core import stages as stage_registry
 from megacpp_core.runner import StageResult, output_uris, revision_shards, run_stage
 from megacpp_core.stage import Partition, Partitioning, Stage
@@ -61,7 +62,7 @@ GROUPS = {Partitioning.REVISION: "per_revision", Partitioning.REVISION_SHARD: "p
 SETTINGS_TAG = "megacpp/settings"
 INPUTS_TAG = "megacpp/inputs"
 #: Code version of the ``dataset_card`` asset (the card is not a stage).
-CARD_CODE_VERSION = "1"
+CARD_CODE_VERSION = "2"
 GATES_TAG = "megacpp/gates"
 
 
@@ -156,6 +157,8 @@ def to_result(stage: Stage, res: StageResult, root, extra_tags: dict[str, str] |
     md: dict[str, Any] = {k: metadata_value(v) for k, v in sorted(res.figures.items())}
     md.update({f"path_{k}": MetadataValue.path(v) for k, v in output_uris(root, res).items()})
     md["settings_fingerprint"] = MetadataValue.text(res.settings_fingerprint)
+    if stage.plots is not None and res.ok:
+        md["plots"] = MetadataValue.md(plots.markdown_images(stage.plots(res.figures)))
     checks = [AssetCheckResult(check_name=c, passed=bool(res.checks.get(c, (False, "not evaluated"))[0]),
                                metadata={"detail": str(res.checks.get(c, (False, "not evaluated"))[1])})
               for c in stage.check_names]
@@ -237,12 +240,15 @@ def dataset_card_asset(finals: list[Stage]):
            description="The dataset card: a markdown summary of the snapshot, stage by stage (SPEC §9).")
     def _card(context: AssetExecutionContext) -> MaterializeResult:
         root, manifest, _ = context.resources.data_root.resolve(context.partition_key, Partitioning.SNAPSHOT)
-        text = card.write_card(root, manifest)
+        text, images = card.write_card_and_plots(root, manifest)
         from megacpp_core import layout
 
         key = layout.card_key(manifest.name)
-        return MaterializeResult(metadata={"card": MetadataValue.md(text), "path_card": MetadataValue.path(root.uri(key))},
-                                 data_version=DataVersion(hashlib.sha256(text.encode()).hexdigest()))
+        md = {"card": MetadataValue.md(text), "path_card": MetadataValue.path(root.uri(key))}
+        if images:
+            md["plots"] = MetadataValue.md(plots.markdown_images(images, card.PLOT_TITLES))
+        digest = hashlib.sha256(text.encode() + b"".join(images.values())).hexdigest()
+        return MaterializeResult(metadata=md, data_version=DataVersion(digest))
 
     return _card
 

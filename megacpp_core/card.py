@@ -7,11 +7,15 @@ root and attached to the ``dataset_card`` asset's metadata.
 
 from __future__ import annotations
 
-from . import families, layout
+from . import families, layout, plots
 from .manifest import Manifest
 from .storage import DataRoot
 
 REVISION_STAGES = ("acquire", "quality", "license", "scrub", "minhash")
+#: The card's plots (:func:`megacpp_core.plots.family_plots`), written as
+#: ``plots/NAME.png`` next to ``card.md``, with their titles.
+PLOT_TITLES = {"family_document_lengths": "Document length per family", "family_row_fill": "Row fill per family",
+               "tokens_per_source": "Tokens per source and per family"}
 SNAPSHOT_STAGES = ("dedup", "tokenizer", "chunk", "chunk_dedup", "tokenize", "pack", "format")
 
 
@@ -141,9 +145,13 @@ def render_card(root: DataRoot, manifest: Manifest) -> str:
           f"{_fmt(p.get('fim_doc_comment_masked_tokens', 0))} tokens in {_fmt(p.get('fim_doc_comment_docs', 0))} documents.",
           f"Megatron ({f.get('export_level', 'document')}-level): `{f.get('prefix', '')}` — {_fmt(f.get('documents', 0))} sequences, dtype {f.get('dtype', '')}, "
           f"verify {'passed' if f.get('verify_ok') else 'NOT passed'}."]
-    fam = {f.name: layout.read_figures(root, manifest.name, f.name) for f in families.FAMILIES}
+    fam = family_figures(root, manifest)
     L += families_section(fam, layout.read_figures(root, manifest.name, "family_chunks", sources=names) or {},
-                          layout.read_figures(root, manifest.name, "repo_documents", sources=names) or {})
+                          layout.read_figures(root, manifest.name, "repo_documents", sources=names) or {},
+                          layout.read_figures(root, manifest.name, "structure_documents", sources=names) or {},
+                          layout.read_figures(root, manifest.name, "blends") or {})
+    if any(fam.values()):
+        L += ["", "### Plots"] + [x for k, t in PLOT_TITLES.items() for x in ("", f"![{t}](plots/{k}.png)")]
     L += ["", "## Wall time per stage (seconds)", "", "| stage | seconds |", "|---|---:|"]
     for st in REVISION_STAGES:
         L.append(f"| {st} (all revisions) | {sum((rev[st][s.name] or {}).get('wall_seconds', 0) for s in manifest.sources):.1f} |")
@@ -155,11 +163,19 @@ def render_card(root: DataRoot, manifest: Manifest) -> str:
     return "\n".join(L) + "\n"
 
 
-def families_section(fam: dict[str, dict | None], chunks: dict, repo: dict) -> list[str]:
+def family_figures(root: DataRoot, manifest: Manifest) -> dict[str, dict | None]:
+    """``{family: its stage's figures, or None when not materialized}`` in
+    :data:`megacpp_core.families.FAMILIES` order."""
+    return {f.name: layout.read_figures(root, manifest.name, f.name) for f in families.FAMILIES}
+
+
+def families_section(fam: dict[str, dict | None], chunks: dict, repo: dict, structure: dict | None = None,
+                     blends: dict | None = None) -> list[str]:
     """Markdown lines of the curriculum families (SPEC §5b): per family its phase, row
     length, documents, tokens, rows, fill and verify outcome, from each family stage's
-    figures (``fam``), the phase-1/2 builder's (``chunks``) and the phase-3 builder's
-    (``repo``) summed over the snapshot; a family not materialized is said so."""
+    figures (``fam``), the phase-1/2 builder's (``chunks``), the phase-3 builder's
+    (``repo``) and the phase-4 builder's (``structure``) summed over the snapshot, and the
+    blends' (``blends``); a family not materialized is said so."""
     L = ["", "## Curriculum families (SPEC 5b)", "",
          "| family | phase | row length | documents | tokens | rows | fill | rows / lower bound | FIM | Megatron | verify |",
          "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
@@ -179,6 +195,19 @@ def families_section(fam: dict[str, dict | None], chunks: dict, repo: dict) -> l
           f"pieces ({_fmt(repo.get('multi_file_pieces', 0))} spanning several files; {_fmt(repo.get('includes_resolved', 0))} "
           f"includes resolved); {_fmt(repo.get('oversized_files', 0))} files over 65,536 tokens fell back to their "
           f"p2_file split ({_fmt(repo.get('fallback_documents', 0))} documents)."]
+    st = structure or {}
+    if st:
+        lane = "on" if st.get("semantic_graph") else "off"
+        L += ["", f"Phase 4: the {_fmt(st.get('p4_structure_docs', 0))} phase-3 documents with the five planes aligned to "
+              f"their tokens and {_fmt(st.get('chunks', 0))} chunks ({_fmt(st.get('call_edges', 0))} call edges, "
+              f"{_fmt(st.get('type_edges', 0))} type edges) in their token positions; libclang lane {lane}: "
+              f"{_fmt(st.get('cross_file_call_edges', 0))} cross-file call and {_fmt(st.get('cross_file_type_edges', 0))} "
+              f"cross-file type edges carried, {_fmt(st.get('lane_edges_across_pieces', 0))} between files of two "
+              f"pieces left out; {_fmt(st.get('chunks_without_tokens', 0))} chunks held no token start."]
+    if blends:
+        L += ["", f"Blends (version {blends.get('blend_version')}): {_fmt(blends.get('blends', 0))} Megatron `--data-path` "
+              f"lists, one per specialist and phase, in `blends/SPECIALIST/phaseN.txt` (prefixes relative to the "
+              f"snapshot directory; `blends/index.json`)."]
     lengths = {name: f.get("document_lengths") or {} for name, f in fam.items() if f}
     bins = sorted({b for h in lengths.values() for b in h}, key=lambda b: int(b[2:]))
     if bins:
@@ -252,7 +281,22 @@ def enrichment_section(c: dict, tz: dict, lane: dict | None = None) -> list[str]
 
 
 def write_card(root: DataRoot, manifest: Manifest) -> str:
-    """Render and write ``snapshots/SNAPSHOT/card.md``; return the text."""
+    """Render and write ``snapshots/SNAPSHOT/card.md`` and its plots; return the text."""
+    return write_card_and_plots(root, manifest)[0]
+
+
+def plot_key(snapshot: str, name: str) -> str:
+    """Key of one of the card's plots: ``snapshots/SNAPSHOT/plots/NAME.png``."""
+    return f"{layout.snapshot_prefix(snapshot)}/plots/{name}.png"
+
+
+def write_card_and_plots(root: DataRoot, manifest: Manifest) -> tuple[str, dict[str, bytes]]:
+    """Render the card and its plots (:data:`PLOT_TITLES`, from the family stages'
+    figures; none when no family is materialized), write each PNG to :func:`plot_key`
+    and then ``card.md``; return ``(card text, {plot name: PNG bytes})``."""
+    images = plots.family_plots(family_figures(root, manifest))
+    for name, data in images.items():
+        root.write_bytes(plot_key(manifest.name, name), data)
     text = render_card(root, manifest)
     root.write_text(layout.card_key(manifest.name), text)
-    return text
+    return text, images

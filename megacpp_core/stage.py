@@ -231,6 +231,9 @@ class Stage:
     kinds: tuple[str, ...] = ("parquet",)
     #: whether a revision partition of this stage needs its source's pin (acquire only)
     reads_source_pin: bool = False
+    #: ``plots(figures) -> {name: PNG bytes}``: images of the stage's figures for the UI
+    #: (``megacpp_core.plots``; the asset shows them as markdown metadata), or None
+    plots: Callable[[dict], dict[str, bytes]] | None = None
 
     def __post_init__(self) -> None:
         names = [g.__name__ for g in self.gates] + [d.schema_check for d in self.outputs if d.schema_check]

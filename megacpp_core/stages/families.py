@@ -21,9 +21,9 @@ import pyarrow.compute as pc
 from megacpp_checks import verify
 from megacpp_checks.packed import verify_packed_dir
 
-from .. import catalog, families, family_documents, fim, megatron_export, pack, pack_stream, snapshot_tokenizer
+from .. import catalog, families, family_documents, fim, megatron_export, pack, pack_stream, plots, snapshot_tokenizer
 from ..stage import Files, Partitioning, Result, Shards, Stage, StageError
-from ..tables import ParquetStream, sha256_file
+from ..tables import ParquetStream, read_parquet, sha256_file
 
 #: Settings of every family stage; a family with FIM also reads :data:`FIM_SETTINGS`.
 SETTINGS = ("validation_fraction", "max_docs_per_shard", "pack_group_tokens")
@@ -74,6 +74,8 @@ def _compute(family: families.Family, ctx) -> Result:
     files, summary, fim_figs, optional = pack_stream.write_rows(p, refs, order, s, tok, info["sha256"], info["vocab_size"],
                                                                 ctx.workdir(f"{family.name}-packed-"))
     lower = -(-summary["tokens"] // s.row_length)
+    valid = [read_parquet(path, columns=["valid_token_count"]).column("valid_token_count").to_numpy() for _, path, _ in files]
+    row_fill = plots.row_fill_histogram(np.concatenate(valid) if valid else np.zeros(0, np.int32), s.row_length)
     sentinel = pack.sentinel_fields(p.rows, files, p.validation_rows, row_length=s.row_length, vocab_size=info["vocab_size"],
                                     tokenizer_sha256=info["sha256"], optional=optional,
                                     extra={"snapshot": ctx.snapshot, "family": family.name, "phase": family.phase,
@@ -98,7 +100,7 @@ def _compute(family: families.Family, ctx) -> Result:
                "tokens": summary["tokens"], "rows": summary["rows"], "loss_tokens": summary["loss_tokens"],
                "fill": round(summary["tokens"] / (summary["rows"] * s.row_length), 6),
                "rows_lower_bound": lower, "rows_over_lower_bound": round(summary["rows"] / max(1, lower), 4),
-               "validation_rows": p.validation_rows, "files": len(files), "packing_groups": len(p.groups),
+               "row_fill": row_fill, "validation_rows": p.validation_rows, "files": len(files), "packing_groups": len(p.groups),
                "optional_columns": optional, "document_lengths": length_histogram(refs),
                "tokens_per_source": _tokens_per_source(refs),
                "megatron_prefix": f"families/{family.name}/megatron/{name}", "sequences": written["sequences"],
@@ -155,14 +157,15 @@ def _stage(family: families.Family) -> Stage:
 
     return Stage(
         name=family.name, asset=f"{family.name}_dataset", partitioning=Partitioning.SNAPSHOT, compute=compute,
-        code_version="1", kinds=("parquet", "megatron"),
+        code_version="2", kinds=("parquet", "megatron"),
         description=f"Curriculum phase {family.phase} family {family.name} (SPEC 5b): {family.documents}; packed rows of "
                     f"{family.row_length:,} tokens with _SUCCESS and the Megatron .bin/.idx, each behind its gate.",
         inputs=(catalog.FAMILY_DOCUMENTS[family.name], *((catalog.CHUNK_DROPS,) if family.phase == 1 else ()),
                 catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),
         outputs=(packed, meg), settings=SETTINGS + (FIM_SETTINGS if family.fim else ()), gates=(row_contract, verify_gate),
+        plots=lambda figures: {f"{family.name}_lengths_and_fill": plots.family_plot(figures)},
         figures=("family", "phase", "row_length", "docs", "chunk_drops", "tokens", "rows", "loss_tokens", "fill", "rows_lower_bound",
-                 "rows_over_lower_bound", "validation_rows", "files", "packing_groups", "optional_columns",
+                 "rows_over_lower_bound", "row_fill", "validation_rows", "files", "packing_groups", "optional_columns",
                  "document_lengths", "tokens_per_source", "megatron_prefix", "sequences", "bin_sha256", "idx_sha256",
                  "verify_ok", "tokenizer_sha256", "vocab_size", "fim_rate", "fim_spm_share", "fim_seed", "fim_psm",
                  "fim_spm", "fim_skipped_too_long", "fim_doc_comment_policy", "fim_doc_comment_masked_tokens",

@@ -1,0 +1,166 @@
+"""Plots of the curriculum families (SPEC §8 "figures users look at"): PNG images drawn
+with matplotlib's Agg canvas from the family stages' figures, for the dataset card (files
+next to ``card.md``) and the Dagster UI (markdown metadata with ``data:image/png``
+images).
+
+Three plots, from each family stage's figures (:mod:`megacpp_core.stages.families`):
+
+- ``family_document_lengths`` — per family, documents per length bin (tokens with BOS,
+  powers of two: the ``document_lengths`` figure);
+- ``family_row_fill`` — per family, packed rows per fill bin (valid tokens / row length,
+  tenths: the ``row_fill`` figure), with the family's overall fill;
+- ``tokens_per_source`` — tokens per source, stacked by family (``tokens_per_source``).
+
+:func:`family_plot` draws one family's two histograms side by side (its asset's metadata).
+
+Deterministic: the same figures give the same PNG bytes (no pyplot state, fixed size,
+dpi and font, no ``Software`` or date metadata, ``svg.hashsalt`` fixed). matplotlib is
+imported only when a plot is drawn.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Mapping
+
+#: Fill bins of the ``row_fill`` figure: tenths of the row length, the last one closed.
+FILL_BINS = tuple(f"{10 * k}-{10 * (k + 1)}%" for k in range(10))
+#: Pixels per inch of every PNG.
+DPI = 100
+_RC = {"svg.hashsalt": "megacpp", "font.family": "DejaVu Sans", "font.size": 8, "axes.titlesize": 9,
+       "figure.max_open_warning": 0}
+_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
+
+
+def row_fill_histogram(valid, row_length: int) -> dict[str, int]:
+    """``{FILL_BINS label: rows}`` of per-row valid token counts ``valid`` (any integer
+    sequence or array) in rows of ``row_length`` tokens; every label present (zeros
+    included), a full row in the last bin. Raises ``ValueError`` for ``row_length < 1``
+    or a count outside ``[0, row_length]``."""
+    import numpy as np
+
+    if row_length < 1:
+        raise ValueError(f"row_length must be >= 1, got {row_length}")
+    v = np.asarray(valid, dtype=np.int64)
+    if v.size and (v.min() < 0 or v.max() > row_length):
+        raise ValueError(f"valid token counts must lie in [0, {row_length}]")
+    k = np.minimum(v * 10 // row_length, 9)
+    counts = np.bincount(k, minlength=10)
+    return {label: int(c) for label, c in zip(FILL_BINS, counts)}
+
+
+def png(draw, size: tuple[float, float]) -> bytes:
+    """PNG bytes of a figure of ``size`` inches drawn by ``draw(fig)`` on a fresh Agg
+    canvas (:data:`DPI`), without pyplot and without time or software metadata."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+        FigureCanvasAgg(fig)
+        draw(fig)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _bins(hist: Mapping[str, int]) -> list[tuple[int, int]]:
+    """``(upper bound, count)`` of a ``{"<=N": count}`` histogram, by bound."""
+    return sorted((int(k[2:]), int(v)) for k, v in hist.items())
+
+
+def _lengths_axis(ax, hist: Mapping[str, int], title: str, color: str) -> None:
+    bins = _bins(hist)
+    labels = [f"≤{b:,}" if b < 1024 else f"≤{b // 1024}K" for b, _ in bins]
+    ax.bar(range(len(bins)), [c for _, c in bins], color=color)
+    ax.set_xticks(range(len(bins)), labels, rotation=60)
+    ax.set_title(title)
+    ax.set_ylabel("documents")
+
+
+def _fill_axis(ax, hist: Mapping[str, int], fill: float | None, title: str, color: str) -> None:
+    ax.bar(range(len(FILL_BINS)), [int(hist.get(b, 0)) for b in FILL_BINS], color=color)
+    ax.set_xticks(range(len(FILL_BINS)), [b.split("-")[0] + "%" for b in FILL_BINS], rotation=60)
+    ax.set_title(title + (f" (fill {100 * fill:.1f} %)" if fill is not None else ""))
+    ax.set_ylabel("rows")
+    ax.set_xlabel("row fill ≥")
+
+
+def _grid(n: int) -> tuple[int, int]:
+    cols = min(3, max(1, n))
+    return -(-n // cols), cols
+
+
+def family_plots(fam: Mapping[str, dict | None]) -> dict[str, bytes]:
+    """``{plot name: PNG bytes}`` of the three snapshot plots (module doc) from
+    ``{family: its stage's figures or None}``; families without figures are left out, and
+    with none at all the result is ``{}``."""
+    have = {name: f for name, f in fam.items() if f}
+    if not have:
+        return {}
+    names = list(have)
+    rows, cols = _grid(len(names))
+    colors = {n: _COLORS[i % len(_COLORS)] for i, n in enumerate(names)}
+
+    def lengths(fig):
+        axes = fig.subplots(rows, cols, squeeze=False).ravel()
+        for ax, n in zip(axes, names):
+            _lengths_axis(ax, have[n].get("document_lengths") or {}, f"{n} ({have[n].get('docs', 0):,} documents)", colors[n])
+        for ax in axes[len(names):]:
+            ax.set_visible(False)
+        fig.suptitle("Document length per family (tokens with BOS)")
+
+    def fill(fig):
+        axes = fig.subplots(rows, cols, squeeze=False).ravel()
+        for ax, n in zip(axes, names):
+            _fill_axis(ax, have[n].get("row_fill") or {}, have[n].get("fill"),
+                       f"{n}: {have[n].get('rows', 0):,} rows of {have[n].get('row_length', 0):,}", colors[n])
+        for ax in axes[len(names):]:
+            ax.set_visible(False)
+        fig.suptitle("Row fill per family")
+
+    sources = sorted({s for f in have.values() for s in (f.get("tokens_per_source") or {})})
+
+    def tokens(fig):
+        ax = fig.subplots()
+        left = [0] * len(sources)
+        for n in names:
+            per = have[n].get("tokens_per_source") or {}
+            vals = [int(per.get(s, 0)) for s in sources]
+            ax.barh(range(len(sources)), vals, left=left, color=colors[n], label=f"{n} ({sum(vals):,})")
+            left = [a + b for a, b in zip(left, vals)]
+        ax.set_yticks(range(len(sources)), sources)
+        ax.invert_yaxis()
+        ax.set_xlabel("tokens (with BOS), stacked by family")
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g} M" if x >= 1e6 or x == 0 else f"{x / 1e3:g} K")
+        fig.legend(loc="outside lower center", ncols=min(5, len(names)))
+        ax.set_title("Tokens per source and per family")
+
+    return {"family_document_lengths": png(lengths, (3.6 * cols, 2.8 * rows)),
+            "family_row_fill": png(fill, (3.6 * cols, 2.8 * rows)),
+            "tokens_per_source": png(tokens, (9.0, 1.8 + 0.32 * max(1, len(sources))))}
+
+
+def family_plot(figures: Mapping) -> bytes:
+    """PNG bytes of one family's document-length and row-fill histograms side by side,
+    from its stage's figures (``family``, ``document_lengths``, ``row_fill``, ``fill``,
+    ``rows``, ``row_length``, ``docs``)."""
+    name = figures.get("family", "family")
+
+    def draw(fig):
+        a, b = fig.subplots(1, 2)
+        _lengths_axis(a, figures.get("document_lengths") or {}, f"{name}: {figures.get('docs', 0):,} documents", _COLORS[0])
+        _fill_axis(b, figures.get("row_fill") or {}, figures.get("fill"),
+                   f"{figures.get('rows', 0):,} rows of {figures.get('row_length', 0):,}", _COLORS[1])
+
+    return png(draw, (8.0, 3.0))
+
+
+def markdown_images(images: Mapping[str, bytes], titles: Mapping[str, str] | None = None) -> str:
+    """Markdown with each PNG inline as a ``data:image/png;base64`` image (for a Dagster
+    markdown metadata value), titled by ``titles`` or its name."""
+    titles = titles or {}
+    return "\n\n".join(f"**{titles.get(k, k)}**\n\n![{titles.get(k, k)}](data:image/png;base64,"
+                       f"{base64.b64encode(v).decode('ascii')})" for k, v in images.items())
