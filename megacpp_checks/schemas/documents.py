@@ -15,6 +15,8 @@ never raises on bad rows.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
@@ -276,15 +278,19 @@ FAMILY = pa.DataFrameSchema(
 )
 
 
+def validate_family_documents(table: pa_arrow.Table, row_length: int) -> tuple[bool, str]:
+    """Validate the documents of a curriculum family with rows of ``row_length`` tokens
+    (:func:`family_validator`); ``(passed, detail)``."""
+    from megacpp_core.tokenizer import BOS_ID
+
+    return validate_frame(FAMILY, family_facts(table, BOS_ID, row_length), "family documents")
+
+
 def family_validator(row_length: int):
     """``validate(table) -> (passed, detail)`` for the documents of a curriculum family
     with rows of ``row_length`` tokens: unique keys, one BOS and it first, at least one
     token after it, ``n_tokens == len(input_ids) <= row_length``, planes one value per
     token, the chunk graph in range and at most 20 sorted platform labels when present
-    (SPEC §5b, §6)."""
-    from megacpp_core.tokenizer import BOS_ID
-
-    def validate_family_documents(table: pa_arrow.Table) -> tuple[bool, str]:
-        return validate_frame(FAMILY, family_facts(table, BOS_ID, row_length), "family documents")
-
-    return validate_family_documents
+    (SPEC §5b, §6). A ``functools.partial`` of a module function, so stage declarations
+    holding it pickle by name (``megacpp run --workers`` sends them to its workers)."""
+    return functools.partial(validate_family_documents, row_length=row_length)
