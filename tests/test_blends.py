@@ -1,10 +1,12 @@
-"""Per-specialist blends (megacpp_core.blends, SPEC §5b): the versioned blend file, its
-rules, and megatron-core's BlendedMegatronDatasetBuilder drawing samples from our family
-datasets for every specialist."""
+"""Per-specialist blends (megacpp_core.blends and the blends asset, SPEC §5b): the
+versioned blend file, its rules, the asset's Megatron --data-path lists and their gate, and
+megatron-core's BlendedMegatronDatasetBuilder drawing samples from those lists over our
+family datasets for every specialist and phase."""
 
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -68,30 +70,98 @@ class _Tok:
     unique_identifiers = {"class": "megacpp-blend-test"}
 
 
-def test_megatron_core_builds_and_samples_every_specialists_blends(tiny_run):
-    """The family datasets the tiny snapshot's run committed (``families/F/megatron``),
-    p4_structure standing on p3_repo's ids until its stage exists (its planes live in the
-    packed rows only): for every specialist, all four phases build with
-    BlendedMegatronDatasetBuilder and GPTDatasetConfig and draw samples in the blend's
-    proportions."""
+def _blend_files(layout) -> dict:
+    """The blends asset's own output: ``index.json`` and, per specialist and phase, the
+    ``(weights, prefixes)`` of its ``phaseN.txt`` with the prefixes resolved against the
+    snapshot directory."""
+    import json
+
+    d = layout.root / "blends"
+    index = json.loads((d / "index.json").read_text())
+    out = {}
+    for name, spec in index["specialists"].items():
+        for ph, e in spec["phases"].items():
+            words = (d / e["file"]).read_text().split()
+            out[(name, int(ph))] = ([float(w) for w in words[::2]], [str(layout.root / p) for p in words[1::2]], e)
+    return index, out
+
+
+def test_the_blends_asset_writes_every_specialists_data_path(tiny_run):
+    """blends/SPECIALIST/phaseN.txt for the eight specialists and four phases: the blend
+    file's normalized weights over the family prefixes (relative to the snapshot
+    directory, so the bytes do not depend on where the data root is), each prefix a
+    committed .bin/.idx, and the gate passed in the run."""
+    from dagster import AssetCheckKey, AssetKey
+
+    root, instance = tiny_run
+    layout = SnapshotLayout(root, "tiny")
+    index, got = _blend_files(layout)
+    assert index["version"] == blends.VERSION and list(index["specialists"]) == sorted(blends.SPECIALISTS)
+    assert sorted(got) == sorted((n, ph) for n in blends.SPECIALISTS for ph in blends.PHASES)
+    b = blends.load()
+    rel = {f.name: f"families/{f.name}/megatron/tiny_{f.name}_text_document" for f in families.FAMILIES}
+    for (name, ph), (weights, prefixes, e) in got.items():
+        assert e["data_path"] == blends.data_path(b, name, ph, rel)
+        assert (layout.root / "blends" / e["file"]).read_text().split() == e["data_path"]
+        assert sum(weights) == pytest.approx(1.0, abs=1e-5) and e["row_length"] == families.BY_NAME[e["families"][0]].row_length
+        for p in prefixes:
+            assert Path(p + ".bin").stat().st_size > 0 and Path(p + ".idx").stat().st_size > 0
+    key = AssetCheckKey(AssetKey("blends"), "every_prefix_exists")
+    assert instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key].evaluation.passed
+
+
+def test_the_blends_gate_names_a_missing_prefix(tiny_run, tmp_path):
+    """A family dataset whose .idx is gone: the blends gate fails naming it."""
+    import shutil
+
+    from megacpp_core import stages
+    from megacpp_core.manifest import load_manifest
+
+    root, _ = tiny_run
+    src = SnapshotLayout(root, "tiny").root / "families"
+    dst = tmp_path / "snapshots" / "tiny" / "families"
+    for f in families.FAMILIES:
+        shutil.copytree(src / f.name / "megatron", dst / f.name / "megatron")
+    (dst / "p2_file" / "megatron" / "tiny_p2_file_text_document.idx").unlink()
+    res = stages.run("blends", tmp_path, load_manifest("tiny"))
+    ok, detail = res.checks["every_prefix_exists"]
+    assert not ok and "families/p2_file/megatron/tiny_p2_file_text_document.idx" in detail
+
+
+def test_megatron_core_builds_and_samples_every_specialists_blends(tiny_run, tmp_path):
+    """From the blends asset's own files (blends/SPECIALIST/phaseN.txt over the family
+    datasets the tiny snapshot's run committed): for every specialist, all four phases
+    build with BlendedMegatronDatasetBuilder and GPTDatasetConfig and draw samples in the
+    blend's proportions."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
         from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    import torch.distributed as dist
+
     root, _ = tiny_run
-    lay = SnapshotLayout(root, "tiny")
-    prefixes = {f.name: str(lay.root / "families" / f.name / "megatron" / f"tiny_{f.name}_text_document")
-                for f in families.FAMILIES if f.name != "p4_structure"}
-    prefixes["p4_structure"] = prefixes["p3_repo"]
-    b = blends.load()
+    _, got = _blend_files(SnapshotLayout(root, "tiny"))
     n = 40
+    built = set()
+    # the index caches go to tmp_path, not next to the committed datasets; megatron-core
+    # writes a cache on rank 0 only, so this is a one-rank job
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        _build_every_blend(got, n, tmp_path, built, BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig)
+    finally:
+        dist.destroy_process_group()
+    assert len(built) == 32
+    assert not [p for p in SnapshotLayout(root, "tiny").root.glob("families/*/megatron/*") if p.is_dir()]
+
+
+def _build_every_blend(got, n, tmp_path, built, BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig):
     for name in blends.SPECIALISTS:
-        for phase in (1, 2, 3, 4):
-            paths, weights = blends.megatron_blend(b, name, phase, prefixes)
-            seq = families.BY_NAME[next(iter(b.phase(name, phase).families))].row_length
+        for phase in blends.PHASES:
+            weights, paths, e = got[(name, phase)]
+            seq = e["row_length"]
             cfg = GPTDatasetConfig(random_seed=1, sequence_length=seq, blend=(paths, weights), split="1,0,0",
                                    tokenizer=_Tok(), reset_position_ids=True, reset_attention_mask=True,
-                                   eod_mask_loss=False, path_to_cache=None, mmap_bin_files=True,
+                                   eod_mask_loss=False, path_to_cache=str(tmp_path / "cache"), mmap_bin_files=True,
                                    create_attention_mask=False)  # a 65,536² mask is 17 GB; trainers derive it
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -101,5 +171,6 @@ def test_megatron_core_builds_and_samples_every_specialists_blends(tiny_run):
                 tokens = train[i]["tokens"].numpy()
                 assert tokens.size == seq and int(tokens.max()) < 131072
             if len(paths) > 1:
-                got = np.bincount(np.asarray(train.dataset_index), minlength=len(paths)) / len(train.dataset_index)
-                assert np.allclose(got, weights, atol=2 / n), (name, phase, got, weights)
+                got_share = np.bincount(np.asarray(train.dataset_index), minlength=len(paths)) / len(train.dataset_index)
+                assert np.allclose(got_share, weights, atol=2 / n), (name, phase, got_share, weights)
+            built.add((name, phase))

@@ -149,7 +149,7 @@ def _rows(root, family: str) -> pa.Table:
     return pa.concat_tables([pq.read_table(f) for f in sorted(d.glob("*.parquet"))])
 
 
-@pytest.mark.parametrize("family", [f.name for f in families.FAMILIES if f.name != "p4_structure"])
+@pytest.mark.parametrize("family", [f.name for f in families.FAMILIES])
 def test_every_family_is_packed_exported_and_verified(tiny_run, family):
     """Every family of the tiny snapshot: documents, rows of its own length filled by
     best-fit decreasing, every row through the packed verifier, and its Megatron dataset

@@ -48,7 +48,8 @@ def test_a_new_code_version_reruns_that_stage_and_what_depends_on_it(fresh_tiny)
     before, data = _counts(instance), _data_hashes(root)
     assert run_snapshot("tiny", str(root), instance=instance, stages=bumped) == 0
     assert _changed(before, _counts(instance)) == {"chunk_dedup": 1, "packed_rows": 1, "megatron_dataset": 1,
-                                                   "p1_simple_dataset": 1, "p1_docrich_dataset": 1, "dataset_card": 1}
+                                                   "p1_simple_dataset": 1, "p1_docrich_dataset": 1, "blends": 1,
+                                                   "dataset_card": 1}
     assert _data_hashes(root) == data  # same code, same bytes
     before = _counts(instance)
     assert run_snapshot("tiny", str(root), instance=instance, stages=bumped) == 0
@@ -64,8 +65,9 @@ def test_a_setting_reruns_only_the_stages_that_read_it(fresh_tiny, tmp_path):
     assert run_snapshot("tiny", str(root), instance=instance) == 0  # current under the registry's code versions
     before = _counts(instance)
     assert run_snapshot(str(changed), str(root), instance=instance) == 0
-    # fim_seed is in the slices of pack, format and the families with FIM only (and the card follows them)
-    fim = ("packed_rows", "megatron_dataset", "p1_simple_dataset", "p1_docrich_dataset", "p2_file_dataset", "dataset_card")
+    # fim_seed is in the slices of pack, format and the families with FIM only (the blends and the card follow them)
+    fim = ("packed_rows", "megatron_dataset", "p1_simple_dataset", "p1_docrich_dataset", "p2_file_dataset", "blends",
+           "dataset_card")
     assert _changed(before, _counts(instance)) == dict.fromkeys(fim, 1)
     assert run_snapshot("tiny", str(root), instance=instance) == 0  # back to the shipped settings
     assert _changed(before, _counts(instance)) == dict.fromkeys(fim, 2)

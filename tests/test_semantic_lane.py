@@ -148,6 +148,44 @@ def test_lane_edges_replace_tree_sitter_edges(semtest):
     assert compared > 0 and with_edges > 0
 
 
+def test_p4_pieces_carry_the_lanes_cross_file_edges(semtest):
+    """With the lane on, the p4_structure documents link files of one piece: every chunk
+    edge between two files of a piece is a resolved libclang edge between those files'
+    units (read back through each file's unit list), their count is the stage's figure,
+    and there are some; the packed p4 rows pass the row contract with them."""
+    from megacpp_checks.packed import verify_packed_dir
+    from megacpp_core import structure_documents as sd
+
+    layout, _, _ = semtest
+    cross = 0
+    for src in ("lz4-4.4.5", "xxhash-4.1.0"):
+        rdir = layout.revision(src)
+        lane = sd.lane_from_tables(read_parquet(rdir / "semantic_edges.parquet"), read_parquet(rdir / "build_info.parquet"))
+        want = {(kind, fp, fu, tp, tu) for kind, fp, fu, tp, tu in lane.cross}
+        figs = layout.read_figures("structure_documents", src)
+        assert figs["semantic_graph"] is True and figs["chunks_without_tokens"] == 0
+        found = 0
+        for r in read_parquet(rdir / "families" / "p4_structure.parquet").to_pylist():
+            if r["paths"] is None:
+                continue
+            # each chunk's (file, unit index): a piece's chunks are its files' units in order
+            # (none was dropped for holding no token start: chunks_without_tokens is 0)
+            seps = [i for i, t in enumerate(r["input_ids"]) if t == figs["file_sep_id"]]
+            where = [max(i for i, s in enumerate(seps) if s < c["start"]) for c in r["chunk_boundaries"]]
+            unit = [where[:i].count(where[i]) for i in range(len(where))]
+            for kind, col in (("call", "call_edges"), ("type", "type_edges")):
+                for e in r[col]:
+                    a, b = e["from"], e["to"]
+                    if where[a] != where[b]:
+                        found += 1
+                        assert (kind, r["paths"][where[a]], unit[a], r["paths"][where[b]], unit[b]) in want, (r["doc_key"], e)
+        assert found == figs["cross_file_call_edges"] + figs["cross_file_type_edges"]
+        cross += found
+    assert cross > 0
+    gate = verify_packed_dir(layout.root / "families" / "p4_structure" / "packed", out=lambda m: None)
+    assert gate.ok, gate.failures
+
+
 def test_stale_database_is_refused(semtest, tmp_path):
     layout, _, path = semtest
     m = manifest.load_manifest(path)

@@ -5,8 +5,9 @@ partitions registered, opens the asset graph, launches a materialization of one
 ``repo_revision`` partition of ``source_files`` from the UI, waits for the run to
 succeed, then reads an asset check result and a metadata value from the page, and saves
 screenshots under ``data/test-artifacts/``. On a materialized ``tiny``: the "unsynced"
-tag of a new code version, the revision × shard grid of a per-document asset, and a
-backfill of the snapshot's revision × shard partitions launched from the UI.
+tag of a new code version, the revision × shard grid of a per-document asset, the
+curriculum plots (inline PNG images in markdown metadata), and a backfill of the
+snapshot's revision × shard partitions launched from the UI.
 """
 
 from __future__ import annotations
@@ -201,6 +202,35 @@ def test_revision_by_shard_grid_of_a_per_document_asset(bumped_webserver, fresh_
         expect(row).to_contain_text("18")  # lz4 4.4.5's shard: 18 documents
         page.screenshot(path=str(ARTIFACTS / "ui-shard-grid.png"))
         browser.close()
+
+
+def test_family_plots_are_images_in_the_asset_metadata(bumped_webserver, fresh_tiny):
+    """The curriculum plots as the UI shows them: the ``plots`` metadata of the dataset
+    card (document length, row fill, tokens per source and family) and of a family asset
+    opens as markdown whose PNG images are loaded and visible."""
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser, page = _open_page(p)
+        for asset, alts in (("dataset_card", ["Document length per family", "Row fill per family",
+                                              "Tokens per source and per family"]),
+                            ("p4_structure_dataset", ["p4_structure_lengths_and_fill"])):
+            page.goto(f"{bumped_webserver}/assets/{asset}?view=partitions&partition=tiny", wait_until="networkidle")
+            _dismiss_welcome(page)
+            row = page.locator("tr", has=page.get_by_text("plots", exact=True)).first
+            row.get_by_text("[Show Markdown]").click()
+            dialog = page.locator("[role=dialog]").first
+            for alt in alts:
+                img = dialog.get_by_role("img", name=alt)
+                img.scroll_into_view_if_needed()
+                expect(img).to_be_visible()
+                assert img.evaluate("i => i.complete && i.naturalWidth > 300 && i.naturalHeight > 100"), (asset, alt)
+                assert img.get_attribute("src").startswith("data:image/png;base64,")
+            page.screenshot(path=str(ARTIFACTS / f"ui-plots-{asset}.png"))
+            page.keyboard.press("Escape")
+        browser.close()
+    assert (ARTIFACTS / "ui-plots-dataset_card.png").stat().st_size > 10_000
 
 
 def test_backfill_of_one_snapshot_materializes_its_shard_partitions(bumped_webserver, fresh_tiny):
