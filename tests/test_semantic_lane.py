@@ -154,7 +154,9 @@ def test_p4_pieces_carry_the_lanes_cross_file_edges(semtest):
     units (read back through each file's unit list), their count is the stage's figure,
     and there are some; the packed p4 rows pass the row contract with them."""
     from megacpp_checks.packed import verify_packed_dir
+    from megacpp_core import repo_documents as rd
     from megacpp_core import structure_documents as sd
+    from megacpp_core.tokenizer import SPECIAL_TOKENS
 
     layout, _, _ = semtest
     cross = 0
@@ -170,7 +172,7 @@ def test_p4_pieces_carry_the_lanes_cross_file_edges(semtest):
                 continue
             # each chunk's (file, unit index): a piece's chunks are its files' units in order
             # (none was dropped for holding no token start: chunks_without_tokens is 0)
-            seps = [i for i, t in enumerate(r["input_ids"]) if t == figs["file_sep_id"]]
+            seps = [i for i, t in enumerate(r["input_ids"]) if t == SPECIAL_TOKENS.index(rd.FILE_SEP)]
             where = [max(i for i, s in enumerate(seps) if s < c["start"]) for c in r["chunk_boundaries"]]
             unit = [where[:i].count(where[i]) for i in range(len(where))]
             for kind, col in (("call", "call_edges"), ("type", "type_edges")):

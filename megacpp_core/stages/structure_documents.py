@@ -19,9 +19,12 @@ import pyarrow.compute as pc
 
 from .. import catalog, family_documents, pack, repo_documents, snapshot_tokenizer, tokenize
 from .. import structure_documents as sd
+from .. import tokenizer as tk
 from ..stage import Partitioning, Result, Stage, StageError
 
 P3, P4 = catalog.FAMILY_DOCUMENTS["p3_repo"], catalog.FAMILY_DOCUMENTS["p4_structure"]
+#: The file separator's fixed id (special tokens sit at fixed ids, SPEC §4).
+FILE_SEP_ID = tk.SPECIAL_TOKENS.index(repo_documents.FILE_SEP)
 
 
 def _lane(ctx) -> sd.Lane | None:
@@ -60,10 +63,11 @@ def compute(ctx) -> Result:
             texts[path] = texts.get(path, "") + text
     table_bytes, lengths = tokenize.byte_table(tok, info["sha256"])
     sep = tok.token_to_id(repo_documents.FILE_SEP)
+    if sep != FILE_SEP_ID:
+        raise StageError(f"structure_documents: {repo_documents.FILE_SEP} is id {sep}, expected its fixed id {FILE_SEP_ID}")
     table, figs = sd.structure_table(p3, languages, fallback, texts, _lane(ctx), table_bytes, lengths, sep)
     table = table.replace_schema_metadata({family_documents.TOKENIZER_KEY: info["sha256"].encode()})
-    figures = {"p4_structure_docs": figs.pop("docs"), "p4_structure_tokens": figs.pop("tokens"), **figs,
-               "semantic_graph": bool(ctx.settings.semantic_graph), "file_sep_id": sep}
+    figures = {"p4_structure_docs": figs.pop("docs"), **figs, "semantic_graph": bool(ctx.settings.semantic_graph)}
     return Result({P4.name: table}, figures)
 
 
@@ -81,7 +85,7 @@ def same_documents_as_p3(g):
     for p in pack.PLANES:
         if not pc.all(pc.equal(pc.list_value_length(p4.column(p)), n)).as_py() and p4.num_rows:
             return False, f"{p} does not have one value per token"
-    sep = g.figures["file_sep_id"]
+    sep = FILE_SEP_ID
     for key, ids, chunks in zip(*(p4.column(c).to_pylist() for c in ("doc_key", "input_ids", "chunk_boundaries"))):
         if not sd.chunks_inside_files(ids, chunks, sep):
             return False, f"{key}: a chunk crosses a file separator"
@@ -97,7 +101,7 @@ STAGE = Stage(
                 "when it is on.",
     inputs=(P3, catalog.TOKENIZED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST, catalog.SEMANTIC_EDGES, catalog.BUILD_INFO),
     outputs=(P4,), settings=("semantic_graph",), gates=(same_documents_as_p3,),
-    figures=("p4_structure_docs", "p4_structure_tokens", "chunks", "call_edges", "type_edges", "cross_file_call_edges",
+    figures=("p4_structure_docs", "tokens", "chunks", "call_edges", "type_edges", "cross_file_call_edges",
              "cross_file_type_edges", "lane_edges_across_pieces", "chunks_without_tokens", "structure_token_share",
-             "semantic_graph", "file_sep_id"),
+             "semantic_graph"),
 )
