@@ -132,29 +132,39 @@ def _tokens_per_source(refs) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def compute(ctx) -> Result:
+    """The family stage's compute; the family is the stage's name (module level, so a
+    stage declaration pickles by name for ``megacpp run --workers``)."""
+    return _compute(families.BY_NAME[ctx.stage.name], ctx)
+
+
+def row_contract(g):
+    """Every committed shard matches ``_SUCCESS`` and every row passes the row contract
+    (SPEC §6) and the pandera schema, at the family's row length."""
+    f = g.figures
+    gate = verify_packed_dir(g.output(catalog.FAMILY_PACKED[g.ctx.stage.name].name).uri, out=lambda m: None,
+                             tokenizer_sha256=f["tokenizer_sha256"], vocab_size=f["vocab_size"])
+    return gate.ok, "; ".join(gate.failures) or f"{gate.figures['rows']} rows of {f['row_length']} re-read and valid"
+
+
+def verify_gate(g):
+    """SPEC §7 verify gate on the family's committed ``.bin/.idx``."""
+    f = g.figures
+    stem = f["megatron_prefix"].rsplit("/", 1)[-1]
+    with g.output(catalog.FAMILY_MEGATRON[g.ctx.stage.name].name).local() as d:
+        report = verify.verify_megatron(d / stem, out=lambda m: None, tokenizer_sha256=f["tokenizer_sha256"],
+                                        vocab_size=f["vocab_size"], require_checksums=True)
+    return report.ok, "; ".join(report.failures) or "verify passed"
+
+
+def family_plots(figures: dict) -> dict[str, bytes]:
+    """``{FAMILY_lengths_and_fill: PNG}``: the family's document-length and row-fill
+    histograms (:func:`megacpp_core.plots.family_plot`), for its asset's metadata."""
+    return {f"{figures['family']}_lengths_and_fill": plots.family_plot(figures)}
+
+
 def _stage(family: families.Family) -> Stage:
     packed, meg = catalog.FAMILY_PACKED[family.name], catalog.FAMILY_MEGATRON[family.name]
-
-    def compute(ctx) -> Result:
-        return _compute(family, ctx)
-
-    def row_contract(g):
-        """Every committed shard matches ``_SUCCESS`` and every row passes the row contract
-        (SPEC §6) and the pandera schema, at the family's row length."""
-        f = g.figures
-        gate = verify_packed_dir(g.output(packed.name).uri, out=lambda m: None, tokenizer_sha256=f["tokenizer_sha256"],
-                                 vocab_size=f["vocab_size"])
-        return gate.ok, "; ".join(gate.failures) or f"{gate.figures['rows']} rows of {f['row_length']} re-read and valid"
-
-    def verify_gate(g):
-        """SPEC §7 verify gate on the family's committed ``.bin/.idx``."""
-        f = g.figures
-        stem = f["megatron_prefix"].rsplit("/", 1)[-1]
-        with g.output(meg.name).local() as d:
-            report = verify.verify_megatron(d / stem, out=lambda m: None, tokenizer_sha256=f["tokenizer_sha256"],
-                                            vocab_size=f["vocab_size"], require_checksums=True)
-        return report.ok, "; ".join(report.failures) or "verify passed"
-
     return Stage(
         name=family.name, asset=f"{family.name}_dataset", partitioning=Partitioning.SNAPSHOT, compute=compute,
         code_version="2", kinds=("parquet", "megatron"),
@@ -163,7 +173,7 @@ def _stage(family: families.Family) -> Stage:
         inputs=(catalog.FAMILY_DOCUMENTS[family.name], *((catalog.CHUNK_DROPS,) if family.phase == 1 else ()),
                 catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),
         outputs=(packed, meg), settings=SETTINGS + (FIM_SETTINGS if family.fim else ()), gates=(row_contract, verify_gate),
-        plots=lambda figures: {f"{family.name}_lengths_and_fill": plots.family_plot(figures)},
+        plots=family_plots,
         figures=("family", "phase", "row_length", "docs", "chunk_drops", "tokens", "rows", "loss_tokens", "fill", "rows_lower_bound",
                  "rows_over_lower_bound", "row_fill", "validation_rows", "files", "packing_groups", "optional_columns",
                  "document_lengths", "tokens_per_source", "megatron_prefix", "sequences", "bin_sha256", "idx_sha256",
