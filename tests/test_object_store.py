@@ -64,8 +64,10 @@ def test_a_second_run_on_s3_is_current(tiny_s3, s3_env):
     r = subprocess.run([sys.executable, "-m", "megacpp_assets.cli", "run", "--corpus", "tiny", "--data-root", url],
                        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.count("(current; skipped)") == 3 and r.stdout.count("[snapshot] tiny: ") == 2
-    assert r.stdout.count("current; skipped") == 3 + 2 * 3 + 2  # revisions, their shards in both passes, snapshot steps
+    # per revision, one "(current; skipped)" line in each pass: pass 1's own assets (before
+    # its shards), pass 2's repo and structure documents (after its shards)
+    assert r.stdout.count("(current; skipped)") == 2 * 3 and r.stdout.count("[snapshot] tiny: ") == 2
+    assert r.stdout.count("current; skipped") == 2 * 3 + 2 * 3 + 2  # revisions and their shards in both passes, snapshot steps
     assert r.stdout.count("shards 1 of 1 current; skipped") == 2 * 3
 
 

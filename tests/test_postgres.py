@@ -70,8 +70,10 @@ def test_tiny_snapshot_on_postgres_storage(postgres, tmp_path, monkeypatch):
         assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
         assert run_snapshot("tiny", str(root), instance=instance) == 0
         # pass 1 per revision: its own assets (with the libclang lane, off in tiny), its one
-        # shard, then the snapshot steps; pass 2: the chunk shard of each revision, the snapshot steps
-        assert instance.get_runs_count() == 3 * 2 + 1 + 3 + 1
+        # shard, then the snapshot steps; pass 2 per revision: its one shard (chunk, tokenize,
+        # family chunks), then its assets reading that shard (repo and structure documents),
+        # then the snapshot steps
+        assert instance.get_runs_count() == 3 * 2 + 1 + 3 * 2 + 1
         rec = instance.fetch_materializations(AssetKey("megatron_dataset"), limit=1).records
         assert rec and rec[0].event_log_entry.dagster_event.partition == "tiny"
         assert set(instance.get_dynamic_partitions("repo_revision")) >= {"tiny/lz4-4.4.5", "tiny/xxhash-4.1.0"}

@@ -62,8 +62,10 @@ def _runs(instance, job: str) -> list:
 
 
 def test_adding_one_source_materializes_only_that_revision(tiny_run_b, tmp_path):
-    """Re-running the same snapshot skips every revision; adding one line re-runs only the
-    new revision plus the snapshot-wide assets."""
+    """Re-running the same snapshot skips every revision; adding one line re-runs pass 1
+    (acquire … minhash) on the new revision only, pass 2 (chunk … repo and structure
+    documents) on every revision, since the snapshot tokenizer is retrained with the new
+    files, and the snapshot-wide assets."""
     from megacpp_assets.cli import run_snapshot
 
     root, instance, _ = tiny_run_b
@@ -83,15 +85,20 @@ def test_adding_one_source_materializes_only_that_revision(tiny_run_b, tmp_path)
                      f"  - {{name: extra-ring, kind: local, path: '{extra}', label: 'r1'}}\n")
     assert run_snapshot(str(grown), str(root), instance=instance) == 0
     new_rev = _runs(instance, "revision_job")[: len(_runs(instance, "revision_job")) - before_rev]
-    # the revision's own assets (before and after its shards: the libclang lane) and its one shard
-    assert {r.tags["dagster/partition"] for r in new_rev} == {"tiny/extra-ring"}
+    revisions = sorted(k for k in instance.get_dynamic_partitions("repo_revision") if k.startswith("tiny/"))
+    # pass 1: the new revision's own assets (before and after its shards: the libclang lane);
+    # pass 2: once per revision, the repo and structure documents read from its re-tokenized shard
+    pass2_rev = {AssetKey("p3_repo_documents"), AssetKey("p4_structure_documents")}
+    assert {r.tags["dagster/partition"] for r in new_rev if not r.asset_selection & pass2_rev} == {"tiny/extra-ring"}
+    assert sorted(r.tags["dagster/partition"] for r in new_rev if r.asset_selection & pass2_rev) == revisions
+    assert all(r.asset_selection == pass2_rev for r in new_rev if r.asset_selection & pass2_rev)
     # pass 1 (quality … minhash) runs on the new revision's shard only; pass 2 (chunk,
-    # tokenize) on every shard, since the snapshot tokenizer is retrained with the new files
+    # tokenize, family chunks) on every shard, since the snapshot tokenizer is retrained
+    # with the new files
     new_shard = _runs(instance, "shard_job")[: len(_runs(instance, "shard_job")) - before_shard]
     pass1 = {AssetKey(a) for a in ("quality_files", "license_files", "scrubbed_files", "minhash_signatures")}
     assert [r.tags["dagster/partition"] for r in new_shard if r.asset_selection & pass1] == ["tiny/extra-ring|000"]
-    assert {r.tags["dagster/partition"] for r in new_shard} == {f"{k}|000" for k in instance.get_dynamic_partitions("repo_revision")
-                                                                if k.startswith("tiny/")}
+    assert {r.tags["dagster/partition"] for r in new_shard} == {f"{k}|000" for k in revisions}
     assert len(_runs(instance, "snapshot_job")) == before_snap + 2  # the snapshot steps of both passes
     for k, sid in old_ids.items():  # old revisions untouched
         assert instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("scrubbed_files"), asset_partitions=[k]),

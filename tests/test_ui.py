@@ -243,7 +243,7 @@ def test_backfill_of_one_snapshot_materializes_its_shard_partitions(bumped_webse
 
     _, instance, _ = fresh_tiny
     shard_assets = ["quality_files", "license_files", "scrubbed_files", "minhash_signatures", "chunked_documents",
-                    "tokenized_documents"]
+                    "tokenized_documents", "phase1_phase2_documents"]
     keys = [f"{r}|{s}" for r in instance.get_dynamic_partitions("repo_revision") if r.startswith("tiny/")
             for s in instance.get_dynamic_partitions("shard")]
     assert len(keys) == 3  # tiny: three revisions of one shard each
@@ -254,7 +254,7 @@ def test_backfill_of_one_snapshot_materializes_its_shard_partitions(bumped_webse
         _dismiss_welcome(page)
         page.get_by_role("button", name="Materialize all").first.click()
         dialog = page.locator("[role=dialog]").first
-        expect(dialog.get_by_text("Launch runs to materialize 6 assets")).to_be_visible()
+        expect(dialog.get_by_text(f"Launch runs to materialize {len(shard_assets)} assets")).to_be_visible()
         # revisions of the one snapshot (the sensor registered every shipped manifest's), every shard
         dialog.get_by_text("Select a partition or create one").first.click()
         page.keyboard.type("tiny/")
