@@ -63,8 +63,9 @@ def test_sigkill_inside_each_kind_of_stage_then_rerun(tiny_run, tmp_path):
     assert (snap / "tokenizer/tokenizer.json").exists() and not (snap / "revisions/lz4-4.4.5/shards/000/chunks.parquet").exists()
     assert (snap / "revisions/pybind11-3.1.0/shards/000/chunks.parquet").exists()
     assert not list((snap / "revisions/lz4-4.4.5").rglob("scrubbed.parquet.tmp-*"))  # the rerun of scrub cleaned its leftover
-    # the packed shards: the train shard committed, validation and _SUCCESS not
-    r = _cli(root, home, "--workers", "1", fault="packed/validation-00000.parquet")
+    # the packed shards: the train shard committed, validation and _SUCCESS not (the pack
+    # stage's own key: each family writes families/NAME/packed/validation-00000.parquet too)
+    r = _cli(root, home, "--workers", "1", fault="snapshots/tiny/packed/validation-00000.parquet")
     assert r.returncode == -9, r.stderr[-2000:]
     assert (snap / "packed/train-00000.parquet").exists() and not (snap / "packed" / pack.SUCCESS).exists()
     with pytest.raises(pack.IncompleteShardsError):
