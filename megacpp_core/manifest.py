@@ -154,6 +154,10 @@ class Settings:
     minhash_num_perm: int = 128
     minhash_threshold: float = 0.7
     shingle_k: int = 5
+    # dedup and LSH steps on disk (SPEC §5 "memory is bounded by settings"): records per
+    # spill bucket (hash buckets of the exact pass, band-key and pair buckets of the LSH
+    # steps); 2 Mi records are 40-80 MiB read back at a time
+    dedup_bucket_rows: int = 2 * 1024 * 1024
     # tokenizer (SPEC §4 "Tokenizer"); BPE trains on at most this many bytes of kept text
     # (a deterministic sample, SPEC §5 "a bounded sample"). The HF BPE trainer's memory
     # grows with the sample: on the xl snapshot's kept text, 256 MiB peaked at 4.2 GB and

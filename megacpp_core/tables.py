@@ -97,6 +97,10 @@ class ParquetStream:
         self._writer.write_table(table.replace_schema_metadata(None).cast(self._schema), row_group_size=self._rows)
         release_memory()
 
+    def add_metadata(self, metadata: dict[str, str]) -> None:
+        """Add parquet key-value metadata (``megacpp.*`` lineage keys) to the file."""
+        self._writer.add_key_value_metadata(metadata)
+
     def close(self) -> Path:
         self._writer.close()
         os.replace(self._tmp, self.path)
