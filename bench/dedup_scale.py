@@ -25,7 +25,7 @@ Prints one JSON object: per slice the files and, per step, ``peak_rss_mb`` and
 Usage::
 
     python bench/dedup_scale.py [--files 100000] [--factors 1,16] [--data-root /tmp/dedup-scale]
-                                [--bucket-rows 2097152] [--baseline-max-files 2000000]
+                                [--bucket-rows 1048576] [--baseline-max-files 2000000]
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--factors", default="1,16")
     ap.add_argument("--files-per-source", type=int, default=20_000)
     ap.add_argument("--files-per-shard", type=int, default=5_000)
-    ap.add_argument("--bucket-rows", type=int, default=2 << 20, help="the dedup_bucket_rows setting")
+    ap.add_argument("--bucket-rows", type=int, default=1 << 20, help="the dedup_bucket_rows setting")
     ap.add_argument("--baseline-max-files", type=int, default=2_000_000)
     ap.add_argument("--data-root", default=None)
     args = ap.parse_args(argv)

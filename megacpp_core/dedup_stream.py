@@ -42,10 +42,10 @@ from .dedup_tables import CLUSTERS_SCHEMA, CROSS, DECISIONS_SCHEMA, EXACT, KEPT,
 from .spill import BucketSpill, bucket_count, bucket_of
 from .tables import ROW_GROUP_SIZE, ParquetStream, release_memory
 
-#: Records per exact-pass bucket (``(sha256, index)``: 40 bytes each, so 2 Mi records are
-#: 80 MiB read back plus the sort's index arrays); the default of the ``dedup_bucket_rows``
+#: Records per exact-pass bucket (``(sha256, index)``: 40 bytes each, so 1 Mi records are
+#: 40 MiB read back plus the sort's index arrays); the default of the ``dedup_bucket_rows``
 #: setting. Implementation choice.
-BUCKET_ROWS = 2 << 20
+BUCKET_ROWS = 1 << 20
 #: Rows per block when the tables are written (their string gathers are the transient).
 TABLE_BLOCK = 16 * ROW_GROUP_SIZE
 
@@ -99,7 +99,8 @@ def _exact_pass(spill: BucketSpill, kind: np.ndarray, twin: np.ndarray) -> None:
 def deduplicate_partitioned(scrubbed: Sequence, minhash: Sequence, cross_pairs: Callable[[], Iterable[np.ndarray]],
                             workdir: str | Path, decisions_path: str | Path, clusters_path: str | Path,
                             num_perm: int = 128, threshold: float = 0.7, shingle_k: int = 5,
-                            bucket_rows: int = BUCKET_ROWS, log: Callable[[str], None] = lambda m: None) -> dict:
+                            bucket_rows: int = BUCKET_ROWS, verify_exact: bool = True,
+                            log: Callable[[str], None] = lambda m: None) -> dict:
     """Dedup the snapshot whose scrubbed shards are ``scrubbed`` and signatures ``minhash``
     (input references, manifest then shard order, with ``.source``; see
     :class:`~megacpp_core.dedup_index.KeepIndex`), writing ``decisions`` and
@@ -113,7 +114,9 @@ def deduplicate_partitioned(scrubbed: Sequence, minhash: Sequence, cross_pairs: 
 
     Raises :class:`~megacpp_core.dedup_index.DedupInputError` on inconsistent inputs
     (duplicate ``doc_key``, a key outside its source, a malformed hash, pairs naming rows
-    outside the minhash inputs) and ``ValueError`` for ``num_perm < 112``."""
+    outside the minhash inputs) and ``ValueError`` for ``num_perm < 112``. With
+    ``verify_exact`` False no text is read: pairs are decided on the estimate alone."""
+
     if num_perm < CROSS_NUM_PERM:
         raise ValueError(f"num_perm must be >= {CROSS_NUM_PERM} for the cross-source pass, got {num_perm}")
     work = Path(workdir)
@@ -143,6 +146,8 @@ def deduplicate_partitioned(scrubbed: Sequence, minhash: Sequence, cross_pairs: 
     def verify(pairs: np.ndarray) -> np.ndarray:
         return passes.verify_pairs(pairs, texts_of, threshold, shingle_k)
 
+    check = verify if verify_exact else None
+
     # Near, one source at a time (pairs within a source only).
     b, r_ = near_lsh_params(threshold, num_perm)
     empty = np.zeros(n, bool)
@@ -160,7 +165,8 @@ def deduplicate_partitioned(scrubbed: Sequence, minhash: Sequence, cross_pairs: 
         def verify_local(pairs: np.ndarray, g=g) -> np.ndarray:
             return verify(g[pairs])
 
-        c, rj = passes.near_pass(sig, k, t, e, threshold, b, r_, group=None, verify=verify_local)
+        c, rj = passes.near_pass(sig, k, t, e, threshold, b, r_, group=None,
+                                 verify=verify_local if verify_exact else None)
         near_candidates, near_rejected = near_candidates + c, near_rejected + rj
         hit = np.flatnonzero(k == NEAR)
         kind[g[hit]], twin[g[hit]] = NEAR, g[t[hit]]
@@ -189,7 +195,7 @@ def deduplicate_partitioned(scrubbed: Sequence, minhash: Sequence, cross_pairs: 
     def cross_sig(g: np.ndarray) -> np.ndarray:
         return idx.rows(g, slice(0, CROSS_NUM_PERM))
 
-    cross = passes.cross_pass(cand, kind, twin, alive, cross_sig, threshold, verify)
+    cross = passes.cross_pass(cand, kind, twin, alive, cross_sig, threshold, check)
     del cand, alive
 
     dropped, same = passes.resolve(kind, twin)
@@ -214,7 +220,7 @@ def deduplicate_partitioned(scrubbed: Sequence, minhash: Sequence, cross_pairs: 
         "cross_source_removal_rate": rate(n_removed["cross"]), "clusters": figures["clusters"],
         "num_perm": num_perm, "threshold": threshold, "shingle_k": shingle_k, "lsh_bands": b, "lsh_rows": r_,
         "effective_threshold": near_rep["effective_threshold"], "candidate_probability": near_rep["candidate_probability"],
-        "near_candidate_pairs": near_candidates, "near_rejected_by_exact": near_rejected, "verify_exact": True,
+        "near_candidate_pairs": near_candidates, "near_rejected_by_exact": near_rejected, "verify_exact": verify_exact,
         "cross_num_perm": CROSS_NUM_PERM, "cross_lsh_bands": CROSS_BANDS, "cross_lsh_rows": CROSS_ROWS,
         "cross_effective_threshold": cross_rep["effective_threshold"],
         "cross_candidate_probability": cross_rep["candidate_probability"],

@@ -241,3 +241,23 @@ def test_key_group_pairs_in_blocks_equal_all_pairs():
         assert len(got) == len(want) and np.array_equal(np.unique(got), want)
         if limit == 1000:
             assert max(len(b) for b in blocks) < 2 * 1000 + 600  # a block stays below 2 × limit + a group
+
+
+def test_without_exact_verification_no_text_is_read(tmp_path):
+    """minhash_verify_exact off: decisions on the MinHash estimate alone, as the in-memory
+    reference decides with verify_exact=False, and not one text is read."""
+    files = _corpus()
+    scrubbed, minhash = _write(tmp_path, files, 2)
+    docs = pa.table({c: [f[c] for f in files] for c in ("doc_key", "source", "source_order", "path", "license_class",
+                                                         "content_sha256")})
+    ref = dedup.deduplicate_columns(docs, mh.signatures([f["text"] for f in files]), cross_pairs=np.zeros((0, 2), np.int64),
+                                    verify_exact=False)
+    for ref_in in scrubbed:  # a shard whose texts cannot be read: any text read fails
+        t = pq.read_table(ref_in.uri)
+        write_parquet(t.set_column(t.column_names.index("text"), "text", pa.array([None] * t.num_rows, pa.string())),
+                      ref_in.uri)
+    fig = dedup_stream.deduplicate_partitioned(scrubbed, minhash, lambda: iter(()), tmp_path / "w", tmp_path / "d.parquet",
+                                               tmp_path / "c.parquet", verify_exact=False)
+    assert fig["texts_read_for_verification"] == 0 and fig["verify_exact"] is False
+    assert (tmp_path / "d.parquet").read_bytes() == write_parquet(ref.decisions, tmp_path / "r.parquet").read_bytes()
+    assert ref.figures["near_removed"] > 0

@@ -47,7 +47,7 @@ def compute(ctx) -> Result:
     figures = dedup_stream.deduplicate_partitioned(
         shards, signatures, pairs, work / "spill", work / "decisions.parquet", work / "duplicate_clusters.parquet",
         num_perm=s.minhash_num_perm, threshold=s.minhash_threshold, shingle_k=s.shingle_k,
-        bucket_rows=s.dedup_bucket_rows, log=ctx.log)
+        bucket_rows=s.dedup_bucket_rows, verify_exact=s.minhash_verify_exact, log=ctx.log)
     figures["signatures_precomputed"] = figures.pop("signatures_computed") == 0
     figures["cross_pairs_from_band_steps"] = True
     figures["shards_in"] = len(shards)
@@ -79,7 +79,7 @@ STAGE = Stage(
                 "dedup_bucket_rows and the largest source; writes duplicate_clusters.",
     inputs=(catalog.SCRUBBED, catalog.MINHASH, *catalog.LSH_PAIRS.values()),
     outputs=(catalog.DECISIONS, catalog.DUPLICATE_CLUSTERS),
-    settings=("minhash_num_perm", "minhash_threshold", "shingle_k", "dedup_bucket_rows"),
+    settings=("minhash_num_perm", "minhash_threshold", "shingle_k", "dedup_bucket_rows", "minhash_verify_exact"),
     gates=(each_drop_names_kept_twin,),
     figures=(*DEDUP_FIGURES, "signatures_precomputed", "cross_pairs_from_band_steps", "texts_read_for_verification",
              "shards_in", "exact_buckets"),
