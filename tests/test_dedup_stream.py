@@ -261,3 +261,57 @@ def test_without_exact_verification_no_text_is_read(tmp_path):
     assert fig["texts_read_for_verification"] == 0 and fig["verify_exact"] is False
     assert (tmp_path / "d.parquet").read_bytes() == write_parquet(ref.decisions, tmp_path / "r.parquet").read_bytes()
     assert ref.figures["near_removed"] > 0
+
+
+def _synthetic_shards(tmp_path, files: int, per_source: int = 2000, per_shard: int = 1000):
+    """Scrubbed and minhash shards of ``files`` files, sources of ``per_source`` files: a
+    fifth exact copies across sources, random signatures (no near pair), short texts."""
+    rng = np.random.default_rng(1)
+    root = DataRoot(tmp_path / f"root-{files}")
+    scrubbed, minhash = [], []
+    pool = rng.integers(0, 2**32 - 1, (files // 10, 128), dtype=np.uint32)
+    for s in range(files // per_source):
+        name = f"s{s:04d}"
+        copy = rng.random(per_source) < 0.2
+        which = rng.integers(0, len(pool), per_source)
+        sig = np.where(copy[:, None], pool[which], rng.integers(0, 2**32 - 1, (per_source, 128), dtype=np.uint32))
+        sha = [f"{w:064x}" if c else hashlib.sha256(f"{name}/{i}".encode()).hexdigest()
+               for i, (c, w) in enumerate(zip(copy.tolist(), which.tolist()))]
+        for k in range(per_source // per_shard):
+            lo, hi = k * per_shard, (k + 1) * per_shard
+            p = Partition("snap", name, f"{k:03d}")
+            keys = [f"{name}/f{i:05d}.c" for i in range(lo, hi)]
+            write_parquet(pa.table({"doc_key": keys, "source": [name] * per_shard,
+                                    "source_order": pa.array([s] * per_shard, pa.int32()),
+                                    "path": [k_.split("/", 1)[1] for k_ in keys], "license_class": ["permissive"] * per_shard,
+                                    "content_sha256": sha[lo:hi], "text": ["x\n"] * per_shard}),
+                          root.local_path(catalog.SCRUBBED.key(p)))
+            write_parquet(signatures_table(keys, sig[lo:hi]), root.local_path(catalog.MINHASH.key(p)))
+            scrubbed.append(InputRef(root, catalog.SCRUBBED, p))
+            minhash.append(InputRef(root, catalog.MINHASH, p))
+    return scrubbed, minhash
+
+
+def test_memory_per_file_is_a_few_bytes_not_the_signature(tmp_path):
+    """Traced (Python and numpy) peak of the partitioned dedup on 8,000 and 32,000 files
+    with the same source size and bucket size: the difference per added file stays below
+    32 bytes (10 bytes of state per file, plus the exact copies' drop arrays). The
+    in-memory reference holds the 512-byte signature and more per file."""
+    import tracemalloc
+
+    peaks = {}
+    for n in (2000, 8000, 32000):  # the first run imports what the passes use (not measured)
+        scrubbed, minhash = _synthetic_shards(tmp_path, n)
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            fig = dedup_stream.deduplicate_partitioned(scrubbed, minhash, lambda: iter(()), tmp_path / f"w{n}",
+                                                       tmp_path / f"d{n}.parquet", tmp_path / f"c{n}.parquet",
+                                                       bucket_rows=2048, verify_exact=False)
+            peaks[n] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert fig["files_in"] == n and fig["exact_removed"] > n // 10 and fig["exact_buckets"] > (n > 2048)
+    assert peaks[8000] > 0
+    per_file = (peaks[32000] - peaks[8000]) / 24000
+    assert per_file < 32, f"{per_file:.1f} traced bytes per added file ({peaks})"
