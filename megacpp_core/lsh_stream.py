@@ -141,6 +141,7 @@ def band_range_pairs(refs: Sequence, source_ids: dict[str, int], lo: int, hi: in
                     codes = codes[src_a != src_c]
                     pairs_spill.add((codes >> 32) * pair_buckets // max(total, 1), codes)
                 del rec
+                release_memory()
             pairs_spill.flush()
             spill_bytes += pairs_spill.records * 8
             found = 0
@@ -151,6 +152,8 @@ def band_range_pairs(refs: Sequence, source_ids: dict[str, int], lo: int, hi: in
                         out.write(pa.table({"row_a": pa.array(codes >> 32), "row_b": pa.array(codes & 0xFFFFFFFF)},
                                            schema=PAIRS_SCHEMA))
                         found += len(codes)
+                    del codes
+                    release_memory()
                 out.add_metadata({INPUTS_KEY: inputs_digest(refs)})
     release_memory()
     return {"documents": total, "candidate_pairs": found, "key_buckets": keys_spill.buckets,
