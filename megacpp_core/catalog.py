@@ -69,12 +69,15 @@ BUILD_INFO = Dataset("build_info", REV, "revisions/{source}/build_info.parquet",
 
 # ---------------------------------------------------------------- per snapshot (stages 4b-10)
 LSH_PAIRS = {(lo, hi): Dataset(f"lsh_pairs_{lo:02d}_{hi:02d}", SNAP, f"dedup/lsh_bands_{lo:02d}_{hi:02d}.parquet",
-                               schema=s_minhash.validate_pairs,
-                               description=f"cross-source LSH candidate pairs of bands {lo}-{hi - 1}")
+                               schema=s_minhash.validate_pairs, schema_file=s_minhash.validate_pairs_file,
+                               description=f"cross-source LSH candidate pairs of bands {lo}-{hi - 1}, as rows of the "
+                                           "concatenated minhash inputs")
              for lo, hi in ((0, 7), (7, 14))}
 DECISIONS = Dataset("decisions", SNAP, "dedup/decisions.parquet", schema=s_dedup.validate_decisions_table,
+                    schema_file=s_dedup.validate_decisions_file,
                     description="one keep/drop decision per file entering dedup; a drop names its kept twin")
 DUPLICATE_CLUSTERS = Dataset("duplicate_clusters", SNAP, "dedup/duplicate_clusters.parquet", schema=s_dedup.validate_clusters,
+                             schema_file=s_dedup.validate_clusters_file,
                              description="one row per member of a duplicate cluster, with the kept member")
 TOKENIZER = Dataset("tokenizer", SNAP, "tokenizer/tokenizer.json", kind=Kind.TEXT,
                     description="the HuggingFace tokenizers file of the snapshot tokenizer")

@@ -61,6 +61,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasketch import MinHash, MinHashLSH
 
+from . import dedup_passes as passes
 from . import minhash as mh
 from .dedup_tables import CROSS, EXACT, KEPT, NEAR, DedupTables, build_tables, take_rows
 from .tables import lookup_codes
@@ -108,11 +109,9 @@ class DedupRecord:
     content_sha256: str | None = None
 
 
-#: Records whose shingle-hash sets one verification block holds (:func:`deduplicate_columns`
-#: verifies candidate pairs in blocks, streaming each block's texts). A set is 4 bytes per
-#: distinct shingle, at most 4 MB for a 1 MB file (``max_file_bytes``) and some 3 KB for a
-#: typical 10 KB one, so a block holds a few tens of MiB; implementation choice.
-VERIFY_BLOCK_RECORDS = 4096
+#: Records whose shingle-hash sets one verification block holds
+#: (:data:`megacpp_core.dedup_passes.VERIFY_BLOCK_RECORDS`).
+VERIFY_BLOCK_RECORDS = passes.VERIFY_BLOCK_RECORDS
 
 #: Cross-source pass (SPEC §4): 112 permutations as 14 bands × 8 rows.
 CROSS_NUM_PERM, CROSS_BANDS, CROSS_ROWS = 112, 14, 8
@@ -341,70 +340,19 @@ def deduplicate_columns(
     src = _codes(cols["source"])
     sha = _codes(cols["content_sha256"])
 
-    rejected = {"near": 0, "cross_source": 0}
-
-    def exact_ok(pairs: np.ndarray) -> np.ndarray:
-        """``bool[m]``: the exact Jaccard of each pair's sets of 32-bit shingle hashes is
-        ≥ the threshold (verification). Pairs are taken in order, in blocks holding the
-        hash sets of at most :data:`VERIFY_BLOCK_RECORDS` records; each block streams its
-        texts (memory is set by the block, not by the number of pairs)."""
-        ok = np.zeros(len(pairs), dtype=bool)
-
-        def verify(lo: int, hi: int, records: set[int]) -> None:
-            """Verify the pairs ``lo … hi − 1``, whose records are ``records``."""
-            sets = {x: np.unique(mh.shingle_hashes([text], shingle_k)[0]) for x, text in texts_of(sorted(records))}
-            for s0 in range(lo, hi, mh.PAIR_BLOCK):
-                for q, (i, j) in enumerate(pairs[s0:min(hi, s0 + mh.PAIR_BLOCK)].tolist(), s0):
-                    a, b_ = sets[i], sets[j]
-                    inter = np.intersect1d(a, b_, assume_unique=True).size
-                    ok[q] = (inter / (a.size + b_.size - inter) if a.size + b_.size else 1.0) >= threshold
-
-        lo, records = 0, set()
-        for start in range(0, len(pairs), mh.PAIR_BLOCK):  # Python objects for one slice of pairs at a time
-            for q, (i, j) in enumerate(pairs[start:start + mh.PAIR_BLOCK].tolist(), start):
-                if q > lo and len(records) + (i not in records) + (j not in records) > VERIFY_BLOCK_RECORDS:
-                    verify(lo, q, records)
-                    lo, records = q, set()
-                records.update((i, j))
-        if len(pairs):
-            verify(lo, len(pairs), records)
-        return ok
+    def verify(pairs: np.ndarray) -> np.ndarray:
+        return passes.verify_pairs(pairs, texts_of, threshold, shingle_k, VERIFY_BLOCK_RECORDS)
 
     # Pass 1, exact: twin[i] is the index (keep order) of the record i was dropped for.
     twin = _first_of_code(sha)
     kind = np.where(twin != np.arange(n), EXACT, KEPT).astype(np.int8)
     twin[kind == KEPT] = -1
 
-    # Pass 2, near within a source, greedy in keep order against kept records only. The
-    # candidate pairs come band by band, each once (the xl snapshot has 3.6 M of them); only
-    # those whose estimate reaches the threshold are kept: memory holds one band's pairs
-    # and the pairs kept so far, never the whole candidate set.
+    # Pass 2, near within a source (the xl snapshot has 3.6 M candidate pairs; only those
+    # whose estimate reaches the threshold are held).
     b, r_ = near_lsh_params(threshold, num_perm)
-    near_candidates, likely, est = 0, [np.zeros((0, 2), np.int64)], [np.zeros(0)]
-    for p in mh.band_pair_blocks(sig, r_, 0, b, group=src, cross_group=False, skip=(kind != KEPT) | empty):
-        near_candidates += len(p)
-        e = mh.estimate_jaccard(sig, p[:, 0], p[:, 1])
-        likely.append(p[e >= threshold])
-        est.append(e[e >= threshold])
-    likely, est = np.concatenate(likely), np.concatenate(est)
-    by_j = np.lexsort((likely[:, 0], likely[:, 1]))  # by j, then i: the greedy's order
-    likely, est = likely[by_j], est[by_j]
-    ok = exact_ok(likely) if verify_exact else np.ones(len(likely), dtype=bool)
-    jj = likely[:, 1]
-    bounds = np.flatnonzero(np.concatenate(([True], jj[1:] != jj[:-1], [True]))) if len(jj) else np.zeros(1, np.int64)
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        j, best = int(jj[lo]), None
-        for q in range(lo, hi):
-            i = int(likely[q, 0])
-            if kind[i] != KEPT:
-                continue
-            if not ok[q]:
-                rejected["near"] += 1
-                continue
-            if best is None or (float(est[q]), -i) > (best[0], -best[1]):
-                best = (float(est[q]), i)
-        if best is not None:
-            twin[j], kind[j] = best[1], NEAR
+    near_candidates, near_rejected = passes.near_pass(sig, kind, twin, empty, threshold, b, r_, group=src,
+                                                      verify=verify if verify_exact else None)
 
     # Pass 3, cross-source: union-find over confirmed candidate pairs among survivors.
     if cross_pairs is None:
@@ -419,34 +367,17 @@ def deduplicate_columns(
             cp = inv[cp]
         cand = mh.merge_pairs([np.sort(cp, axis=1)])
         cand = cand[src[cand[:, 0]] != src[cand[:, 1]]] if len(cand) else cand
-    csig = sig[:, :CROSS_NUM_PERM]
-    alive = (kind == KEPT) & ~empty
-    cand = cand[alive[cand[:, 0]] & alive[cand[:, 1]]] if len(cand) else cand
-    est = mh.estimate_jaccard(csig, cand[:, 0], cand[:, 1]) if len(cand) else np.zeros(0)
-    confirmed = cand[est >= threshold] if len(cand) else cand
-    if verify_exact and len(confirmed):
-        ok = exact_ok(confirmed)
-        rejected["cross_source"] = int((~ok).sum())
-        confirmed = confirmed[ok]
-    nodes = np.unique(confirmed)  # union-find over the confirmed pairs' records only
-    uf = mh.UnionFind(nodes.size)
-    for i, j in np.searchsorted(nodes, confirmed).tolist():
-        uf.union(i, j)
-    cross_groups = uf.groups()
-    below = 0
-    for root, members in cross_groups.items():  # root = smallest index = first in keep order
-        r0 = int(nodes[root])
-        for m in nodes[members[1:]].tolist():
-            twin[m], kind[m] = r0, CROSS
-            below += bool((csig[m] == csig[r0]).mean() < threshold)
 
-    # Resolve every drop to a kept record (twins point earlier in keep order) and
-    # estimate its Jaccard to it (1.0 for a byte-identical copy).
-    dropped = np.flatnonzero(kind != KEPT)
-    while len(dropped) and (hop := kind[twin[dropped]] != KEPT).any():
-        twin[dropped[hop]] = twin[twin[dropped[hop]]]
+    def cross_rows(idx: np.ndarray) -> np.ndarray:
+        return sig[idx, :CROSS_NUM_PERM]
+
+    cross = passes.cross_pass(cand, kind, twin, (kind == KEPT) & ~empty, cross_rows, threshold,
+                              verify if verify_exact else None)
+
+    # Resolve every drop to a kept record and estimate its Jaccard to it (1.0 for a
+    # byte-identical copy).
+    dropped, same = passes.resolve(kind, twin)
     jac = np.full(n, np.nan)
-    same = sha[dropped] == sha[twin[dropped]]
     jac[dropped[same]] = 1.0
     rest = dropped[~same]
     jac[rest] = mh.estimate_jaccard(sig, rest, twin[rest])
@@ -473,18 +404,18 @@ def deduplicate_columns(
         "effective_threshold": near_rep["effective_threshold"],
         "candidate_probability": near_rep["candidate_probability"],
         "near_candidate_pairs": near_candidates,
-        "near_rejected_by_exact": rejected["near"],
+        "near_rejected_by_exact": near_rejected,
         "verify_exact": verify_exact,
         "cross_num_perm": CROSS_NUM_PERM,
         "cross_lsh_bands": CROSS_BANDS,
         "cross_lsh_rows": CROSS_ROWS,
         "cross_effective_threshold": cross_rep["effective_threshold"],
         "cross_candidate_probability": cross_rep["candidate_probability"],
-        "cross_candidate_pairs": int(len(cand)),
-        "cross_confirmed_pairs": int(len(confirmed)),
-        "cross_rejected_by_exact": rejected["cross_source"],
-        "cross_source_clusters": len(cross_groups),
-        "cross_source_below_threshold": below,
+        "cross_candidate_pairs": cross["candidate_pairs"],
+        "cross_confirmed_pairs": cross["confirmed_pairs"],
+        "cross_rejected_by_exact": cross["rejected"],
+        "cross_source_clusters": cross["clusters"],
+        "cross_source_below_threshold": cross["below_threshold"],
         "largest_clusters": cluster_figures["largest_clusters"],
     }
     return DedupTables(decisions, clusters, figures)

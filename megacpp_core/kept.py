@@ -148,37 +148,112 @@ class TextColumn:
                 yield from chunk.slice(lo, self.batch).to_pylist()
 
 
-def sample(refs: list, decisions: pa.Table, max_bytes: int) -> pa.Table:
+#: Spill record of :func:`sample`: the sha256 of a kept file's ``doc_key`` (four big-endian
+#: words, so word order is byte order), its text's UTF-8 bytes, its shard and row.
+_SAMPLE_RECORD = np.dtype([("h", "<u8", (4,)), ("n", "<i8"), ("shard", "<i4"), ("row", "<i4")])
+#: Records per spill bucket of :func:`sample` (56 bytes each: 2 Mi records are 112 MiB).
+SAMPLE_BUCKET_ROWS = 2 << 20
+
+
+def _shard_kept_mask(t: pa.Table, decisions) -> np.ndarray:
+    """``bool[n]``: the rows of a shard table (with ``doc_key``) that ``decisions`` keeps;
+    ``decisions`` is a table (``doc_key``, ``keep``) or an input reference, read for this
+    shard's keys only (a filter applied row group by row group)."""
+    keys = t.column("doc_key").combine_chunks()
+    if isinstance(decisions, pa.Table):
+        dec = decisions.filter(pc.is_in(decisions.column("doc_key"), value_set=keys))
+        dec = dec.filter(pc.field("keep"))
+    else:
+        dec = decisions.read(columns=["doc_key", "keep"],
+                             filters=pc.field("doc_key").isin(keys) & (pc.field("keep") == True))  # noqa: E712
+    return pc.is_in(keys, value_set=dec.column("doc_key").combine_chunks()).to_numpy(zero_copy_only=False)
+
+
+def sample(refs: list, decisions, max_bytes: int, workdir=None, bucket_rows: int = SAMPLE_BUCKET_ROWS) -> pa.Table:
     """A bounded, deterministic sample of the kept files (``doc_key`` string, ``text``
     large_string), in keep order: every kept file when their UTF-8 text totals at most
     ``max_bytes``; else the files taken in ascending sha256 of their ``doc_key`` while the
-    total stays within ``max_bytes`` (the same files whatever the shard count or the order
-    of work). Two passes over the shards: lengths first, then the chosen texts; memory is
-    one shard plus the sample, held in arrow buffers (no Python string per file)."""
-    import hashlib
+    total stays within ``max_bytes`` (each file that still fits is taken: the same files
+    whatever the shard count or the order of work).
 
-    keys = kept_keys(decisions)
-    meta = []
-    for t in iter_kept(refs, keys, FILE_ORDER_COLUMNS + ["text"]):
-        meta.append(t.select(FILE_ORDER_COLUMNS).append_column(
-            "nbytes", pc.binary_length(pc.cast(t.column("text"), pa.large_binary()))))
-    if not meta:
+    ``decisions``: the dedup decisions as a table (``doc_key``, ``keep``) or an input
+    reference (read per shard, for that shard's keys only). Memory is one shard plus the
+    sample: the first pass writes one record per kept file (hash, bytes, shard, row) to
+    hash buckets of about ``bucket_rows`` on local disk (``workdir``, a temporary
+    directory when None), read back in hash order; the second reads the chosen rows."""
+    import hashlib
+    import tempfile
+    from pathlib import Path
+
+    from .spill import BucketSpill, bucket_count, bucket_of
+
+    refs = list(refs)
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="sample-") as tmp:
+        counts = [ref.parquet_file().metadata.num_rows for ref in refs]
+        buckets = bucket_count(sum(counts), bucket_rows)
+        total = 0
+        with BucketSpill(Path(tmp), buckets, _SAMPLE_RECORD, "sample") as spill:
+            for k, ref in enumerate(refs):
+                t = ref.read(columns=["doc_key", "text"])
+                if not t.num_rows:
+                    continue
+                rows = np.flatnonzero(_shard_kept_mask(t, decisions))
+                if not len(rows):
+                    continue
+                n = pc.binary_length(pc.cast(t.column("text"), pa.large_binary())).to_numpy()[rows]
+                keys = t.column("doc_key").take(pa.array(rows)).to_pylist()
+                del t
+                rec = np.empty(len(rows), _SAMPLE_RECORD)
+                digests = np.frombuffer(b"".join(hashlib.sha256(x.encode("utf-8")).digest() for x in keys), ">u8")
+                rec["h"] = digests.reshape(-1, 4).astype(np.uint64)
+                rec["n"], rec["shard"], rec["row"] = n, k, rows
+                total += int(n.sum())
+                spill.add(bucket_of(rec["h"][:, 0], buckets), rec)
+            spill.flush()
+            chosen = [np.zeros(0, _SAMPLE_RECORD)]
+            used = 0
+            for b in range(buckets):
+                rec = spill.read(b)
+                if total > max_bytes:
+                    h = rec["h"]
+                    rec = rec[np.lexsort((h[:, 3], h[:, 2], h[:, 1], h[:, 0]))]
+                    take, used = _fits(rec["n"], max_bytes - used, used)
+                    rec = rec[take]
+                chosen.append(rec)
+        chosen = np.concatenate(chosen)
+    parts = []
+    for k in np.unique(chosen["shard"]).tolist():
+        rows = np.sort(chosen["row"][chosen["shard"] == k])
+        t = refs[k].read(columns=FILE_ORDER_COLUMNS + ["text"])
+        parts.append(t.take(pa.array(rows.astype(np.int64))))
+    if not parts:
         return pa.table({"doc_key": pa.array([], pa.string()), "text": pa.array([], pa.large_string())})
-    m = pa.concat_tables(meta)
-    total = int(pc.sum(m.column("nbytes")).as_py() or 0)
-    if total > max_bytes:
-        ranked = sorted(zip(m.column("doc_key").to_pylist(), m.column("nbytes").to_pylist()),
-                        key=lambda kv: hashlib.sha256(kv[0].encode("utf-8")).digest())
-        chosen, used = [], 0
-        for k, n in ranked:
-            if used + n <= max_bytes:
-                chosen.append(k)
-                used += n
-        m = m.filter(pc.is_in(m.column("doc_key"), value_set=pa.array(chosen, pa.string())))
-    order = keep_order(m).column("doc_key").combine_chunks()
-    del m, meta
-    got = pa.concat_tables(list(iter_kept(refs, order, ["doc_key", "text"]))).combine_chunks()
-    at = pc.index_in(order, value_set=got.column("doc_key").combine_chunks())
-    text = got.column("text").take(at)
-    del got
-    return pa.table({"doc_key": order, "text": text.cast(pa.large_string()).combine_chunks()})
+    m = keep_order(pa.concat_tables(parts))
+    return pa.table({"doc_key": m.column("doc_key").combine_chunks(),
+                     "text": m.column("text").cast(pa.large_string()).combine_chunks()})
+
+
+def _fits(n: np.ndarray, room: int, used: int) -> tuple[np.ndarray, int]:
+    """The files (``int64`` positions in ``n``, their bytes in hash order) a greedy scan takes
+    with ``room`` bytes left: every file that still fits. Returns ``(positions, bytes used
+    in all)``. The scan only moves forward, over windows that double while they fit whole
+    (a run that fits is one cumsum) or hold no file that fits, so it is linear in ``n``."""
+    taken, pos, w = [], 0, 64
+    while pos < len(n) and room > 0:
+        c = np.cumsum(n[pos:pos + w])
+        k = int(np.searchsorted(c, room, side="right"))
+        if k:
+            taken.append(np.arange(pos, pos + k))
+            room, used, pos = room - int(c[k - 1]), used + int(c[k - 1]), pos + k
+        if k == len(c):
+            w *= 2
+            continue
+        w = 64
+        while pos < len(n):  # n[pos] no longer fits: the next one that does
+            nxt = np.flatnonzero(n[pos:pos + w] <= room)
+            if len(nxt):
+                pos += int(nxt[0])
+                break
+            pos, w = pos + w, w * 2
+        w = 64
+    return (np.concatenate(taken) if taken else np.zeros(0, np.int64)), used

@@ -118,6 +118,9 @@ class SnapshotLayout:
             def read(self, columns=None, filters=None):
                 return pq.read_table(self.path, columns=columns, filters=filters)
 
+            def parquet_file(self):
+                return pq.ParquetFile(self.path)
+
             def iter_batches(self, columns=None, batch_size=1024):
                 return pq.ParquetFile(self.path, pre_buffer=False).iter_batches(batch_size, columns=columns,
                                                                                 use_threads=False)

@@ -154,6 +154,16 @@ class Settings:
     minhash_num_perm: int = 128
     minhash_threshold: float = 0.7
     shingle_k: int = 5
+    # dedup: confirm a candidate pair whose MinHash estimate reaches the threshold on the
+    # exact Jaccard of the two files' shingle-hash sets (the only place dedup reads texts:
+    # the candidates', in bounded blocks); false decides on the estimate alone, as
+    # datatrove's and the BigCode pipeline's MinHash dedup do, and never reads a text
+    minhash_verify_exact: bool = True
+    # dedup and LSH steps on disk (SPEC §5 "memory is bounded by settings"): records per
+    # spill bucket (hash buckets of the exact pass, band-key and pair buckets of the LSH
+    # steps, pairs made per block); 1 Mi records are 16-40 MiB read back at a time, a
+    # few times that while sorted (bench/dedup_scale.py)
+    dedup_bucket_rows: int = 1024 * 1024
     # tokenizer (SPEC §4 "Tokenizer"); BPE trains on at most this many bytes of kept text
     # (a deterministic sample, SPEC §5 "a bounded sample"). The HF BPE trainer's memory
     # grows with the sample: on the xl snapshot's kept text, 256 MiB peaked at 4.2 GB and

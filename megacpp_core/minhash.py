@@ -303,6 +303,13 @@ def _bucket_pairs(kc: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
+def bucket_pairs(kc: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``int64[m]`` codes ``i · 2^32 + j`` (``i < j``) of every pair of ``ids`` (``int64``
+    row ids below 2^31) sharing a key of ``kc`` (``uint64``, aligned): a bucket of ``s``
+    rows gives ``s(s−1)/2`` codes. Unsorted."""
+    return _bucket_pairs(kc, ids)
+
+
 def _decode(codes: np.ndarray) -> np.ndarray:
     """``int64[m, 2]`` pairs of :func:`_bucket_pairs` codes."""
     return np.stack((codes >> 32, codes & 0xFFFFFFFF), axis=1) if codes.size else np.zeros((0, 2), dtype=np.int64)

@@ -370,6 +370,8 @@ def _schema_verdict(root: DataRoot, d: Dataset, partition: Partition, value: Any
     root one file (one shard) at a time."""
     if isinstance(value, PerShard):
         return _shards_verdict(root, d, partition, value)
+    if d.kind is Kind.PARQUET and d.schema_file is not None:
+        return tuple(d.schema_file(root.parquet_file(d.key(partition))))
     if d.kind is Kind.PARQUET and isinstance(value, (str, os.PathLike)):
         value = root.parquet_file(d.key(partition)).read(use_threads=False)  # no reader threads: memory is one table
         try:

@@ -124,6 +124,10 @@ class Dataset:
     kind: Kind = Kind.PARQUET
     schema: SchemaCheck | None = None
     description: str = ""
+    #: for a parquet table that may exceed memory: ``validate(pyarrow.parquet.ParquetFile)
+    #: -> (passed, detail)``, run on the committed file (row group by row group) instead of
+    #: ``schema`` on the whole table, for the same ``<name>_schema`` check
+    schema_file: Callable[[Any], Verdict] | None = None
     #: for a multi-file (``FILES``) dataset, the file that commits it, relative to its
     #: directory (``{snapshot}`` allowed): readers and freshness check it, and it is
     #: removed first and written last

@@ -23,13 +23,33 @@ ROW_GROUP_SIZE = 1024
 METADATA_PREFIX = "megacpp."
 
 
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None off glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
 def release_memory() -> None:
-    """Hand the memory the arrow pool holds but no longer uses back to the system.
+    """Hand the memory the arrow pool and the C heap hold but no longer use back to the
+    system.
 
     A pool keeps freed pages for reuse, so the buffers of one large write or read (a
     parquet page, its compressed copy) would stay resident while the next one is allocated
-    beside them."""
+    beside them. numpy's arrays come from glibc's malloc, whose mmap threshold rises with
+    every large block freed (up to 32 MiB), so later blocks of that size come from the heap
+    and stay resident when freed: ``malloc_trim(0)`` returns them. Measured on the LSH
+    step over 6.4 M files: 190 MB kept resident after its pairs were spilled, without it."""
     pa.default_memory_pool().release_unused()
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 def _leaf_paths(name: str, type_: pa.DataType) -> list[str]:
@@ -96,6 +116,10 @@ class ParquetStream:
         (:func:`release_memory`), so a large batch does not stay resident after its write."""
         self._writer.write_table(table.replace_schema_metadata(None).cast(self._schema), row_group_size=self._rows)
         release_memory()
+
+    def add_metadata(self, metadata: dict[str, str]) -> None:
+        """Add parquet key-value metadata (``megacpp.*`` lineage keys) to the file."""
+        self._writer.add_key_value_metadata(metadata)
 
     def close(self) -> Path:
         self._writer.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -84,3 +85,72 @@ def test_pack_inputs_walked_in_an_order_equal_those_of_the_sorted_table():
     texts = pack_inputs.TextsInOrder(docs.column("text"), order)
     assert len(texts) == n and [texts[i] for i in range(n)] == docs.take(order).column("text").to_pylist()
     assert "structure_ids" in pack.PLANES
+
+
+def test_greedy_fit_takes_every_file_that_still_fits_in_hash_order():
+    from megacpp_core.kept import _fits
+
+    rng = np.random.default_rng(2)
+    for trial in range(200):
+        n = rng.integers(1, 50, int(rng.integers(0, 400))).astype(np.int64)
+        room = int(rng.integers(0, 3000))
+        want, left = [], room
+        for i, x in enumerate(n.tolist()):  # the reference: one file at a time
+            if x <= left:
+                want.append(i)
+                left -= x
+        got, used = _fits(n, room, 7)
+        assert got.tolist() == want and used == 7 + room - left, trial
+
+
+def test_sample_streams_with_tiny_buckets_and_a_decisions_reference(tmp_path):
+    """The sample is the same whatever the spill's bucket size, from a decisions table or
+    a decisions file read per shard."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    from megacpp_core import catalog
+    from megacpp_core.kept import sample
+    from megacpp_core.runner import InputRef
+    from megacpp_core.stage import Partition
+    from megacpp_core.storage import DataRoot
+    from megacpp_core.tables import write_parquet
+
+    root = DataRoot(tmp_path / "root")
+    rng = np.random.default_rng(0)
+    refs, keys, keep = [], [], []
+    for s, name in enumerate(("b-src", "a-src")):
+        for k in range(3):
+            n = 40
+            paths = [f"d/f{s}{k}{i:03d}.c" for i in range(n)]
+            t = pa.table({"doc_key": [f"{name}/{p}" for p in paths], "license_class": ["permissive", "gpl2"] * (n // 2),
+                          "source_order": pa.array([s] * n, pa.int32()), "path": paths,
+                          "text": ["x" * int(rng.integers(1, 300)) + "\n" for _ in range(n)]})
+            p = Partition("snap", name, f"{k:03d}")
+            write_parquet(t, root.local_path(catalog.SCRUBBED.key(p)))
+            refs.append(InputRef(root, catalog.SCRUBBED, p))
+            keys += t.column("doc_key").to_pylist()
+            keep += (rng.random(n) < 0.8).tolist()
+    decisions = pa.table({"doc_key": keys, "keep": keep})
+    write_parquet(decisions, root.local_path("snapshots/snap/dedup/decisions.parquet"))
+    dec_ref = InputRef(root, catalog.DECISIONS, Partition("snap"))
+    total = sum(len(t) for ref in refs for t, k in zip(ref.read().column("text").to_pylist(), ref.read().column("doc_key").to_pylist())
+                if dict(zip(keys, keep))[k])
+    for budget in (1 << 40, total // 3, 0):
+        base = sample(refs, decisions, budget)
+        assert sample(refs, dec_ref, budget, bucket_rows=3).equals(base)
+        assert sample(list(reversed(refs)), decisions, budget, bucket_rows=1).equals(base)
+        got = base.column("doc_key").to_pylist()
+        if budget == 0:
+            assert got == []
+        elif budget == total // 3:  # in ascending sha256 of the key while it fits, then in keep order
+            text = {k: x for ref in refs for k, x in zip(ref.read().column("doc_key").to_pylist(),
+                                                          ref.read().column("text").to_pylist())}
+            left, want = budget, set()
+            for k in sorted((k for k, kp in zip(keys, keep) if kp), key=lambda k: hashlib.sha256(k.encode()).digest()):
+                if len(text[k]) <= left:
+                    want.add(k)
+                    left -= len(text[k])
+            assert set(got) == want
+        assert pq.read_table(root.local_path("snapshots/snap/dedup/decisions.parquet")).num_rows == len(keys)

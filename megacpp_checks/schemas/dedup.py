@@ -9,6 +9,7 @@ the blocking ``each_drop_names_kept_twin`` check of the ``dedup_decisions`` asse
 
 from __future__ import annotations
 
+import numpy as np
 import pandera.pandas as pa
 import pyarrow as pa_arrow
 
@@ -86,4 +87,150 @@ def validate_decisions(decisions: pa_arrow.Table, clusters: pa_arrow.Table) -> t
     listed = {k: t for k, kk, t in zip(c["doc_key"], c["is_kept"], c["kept_doc_key"]) if not kk}
     if listed != drops:
         return False, f"duplicate_clusters lists {len(listed)} dropped members, decisions {len(drops)}"
+    return True, f"{len(drops)} drops, each naming a kept twin listed in duplicate_clusters"
+
+
+# ---------------------------------------------------------------- committed files, row group by row group
+# The snapshot's tables are validated as committed without holding them: the pandera
+# schemas run on one row group (decisions) or one run of whole clusters (clusters) at a
+# time; what spans row groups is carried as order (doc keys ascending) or as 64-bit hashes
+# of the drops' keys (16 bytes per drop).
+
+
+def _hashes(col) -> np.ndarray:
+    """``uint64[n]``: polars' 64-bit hash of each string of ``col`` (arrow), seed 0; nulls
+    hash like polars' null. Used only to compare two tables read in one process."""
+    import polars as pl
+
+    return pl.Series(values=pa_arrow.chunked_array([col]) if isinstance(col, pa_arrow.Array) else col).hash(seed=0) \
+        .to_numpy().astype(np.uint64)
+
+
+#: Rows validated at a time (whole row groups gathered up to about this many): pandera's
+#: cost per call dominates on 1,024-row groups; implementation choice.
+VALIDATE_ROWS = 65_536
+
+
+def _row_groups(pf, rows: int | None = None):
+    """Tables of consecutive whole row groups of ``pf``, about ``rows`` (default
+    :data:`VALIDATE_ROWS`) rows each."""
+    rows = VALIDATE_ROWS if rows is None else rows
+    group, held = [], 0
+    for i in range(pf.num_row_groups):
+        group.append(i)
+        held += pf.metadata.row_group(i).num_rows
+        if held >= rows:
+            yield pf.read_row_groups(group, use_threads=False)
+            group, held = [], 0
+    if group or not pf.num_row_groups:
+        yield pf.read_row_groups(group, use_threads=False) if group else pf.schema_arrow.empty_table()
+
+
+def _check_ascending(keys, last, what: str) -> tuple[bool, str, object]:
+    """``keys`` (a string column) strictly ascending and above ``last`` (the previous row
+    group's last key, or None); ``(ok, detail, new last)``."""
+    import pyarrow.compute as pc
+
+    keys = keys.combine_chunks() if hasattr(keys, "combine_chunks") else keys
+    if not len(keys):
+        return True, "", last
+    if len(keys) > 1 and not pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py():
+        return False, f"{what}: doc_key not strictly ascending within a row group", last
+    if last is not None and not keys[0].as_py() > last:
+        return False, f"{what}: doc_key {keys[0].as_py()!r} after {last!r} (not strictly ascending)", last
+    return True, "", keys[len(keys) - 1].as_py()
+
+
+def validate_decisions_file(pf) -> tuple[bool, str]:
+    """Validate a committed ``decisions`` file (``pyarrow.parquet.ParquetFile``) one row
+    group at a time: :data:`DECISIONS` on each, ``doc_key`` strictly ascending across the
+    file (so unique). ``(passed, detail)``; never raises on bad rows."""
+    last, rows = None, 0
+    for t in _row_groups(pf):
+        ok, detail = validate_frame(DECISIONS, t, "decisions")
+        if not ok:
+            return ok, f"{detail} (rows from {rows})"
+        ok, detail, last = _check_ascending(t.column("doc_key"), last, "decisions")
+        if not ok:
+            return ok, detail
+        rows += t.num_rows
+    return True, f"decisions: {rows} rows valid"
+
+
+def _cluster_runs(pf):
+    """Tables of whole clusters (rows of one ``cluster_id`` never split), from row groups."""
+    import pyarrow.compute as pc
+
+    pending = None
+    for t in _row_groups(pf):
+        t = pa_arrow.concat_tables([pending, t]) if pending is not None else t
+        if not t.num_rows:
+            continue
+        cid = t.column("cluster_id")
+        last = cid[t.num_rows - 1]
+        cut = t.num_rows - int(pc.sum(pc.equal(cid, last)).as_py())
+        if cut:
+            yield t.slice(0, cut)
+        pending = t.slice(cut)
+    if pending is not None and pending.num_rows:
+        yield pending
+
+
+def validate_clusters_file(pf) -> tuple[bool, str]:
+    """Validate a committed ``duplicate_clusters`` file one run of whole clusters at a time
+    (:data:`CLUSTERS` on each, so the per-cluster checks see every member), with
+    ``cluster_id`` ascending across runs and ``doc_key`` unique over the file (64-bit
+    hashes). ``(passed, detail)``; never raises on bad rows."""
+    import pyarrow.compute as pc
+
+    last, rows, hashes = -1, 0, []
+    for t in _cluster_runs(pf):
+        ok, detail = validate_frame(CLUSTERS, t, "duplicate_clusters")
+        if not ok:
+            return ok, detail
+        cid = t.column("cluster_id")
+        if pc.min(cid).as_py() <= last or (t.num_rows > 1 and not pc.all(
+                pc.less_equal(cid.slice(0, t.num_rows - 1), cid.slice(1))).as_py()):
+            return False, "duplicate_clusters: cluster_id not ascending (a cluster split in two runs)"
+        last = pc.max(cid).as_py()
+        hashes.append(_hashes(t.column("doc_key")))
+        rows += t.num_rows
+    h = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+    if np.unique(h).size != h.size:
+        return False, "duplicate_clusters: a doc_key is listed twice"
+    return True, f"duplicate_clusters: {rows} rows valid"
+
+
+def validate_decisions_files(decisions_pf, clusters_pf, tables_checked: bool = False) -> tuple[bool, str]:
+    """Validate both committed stage-4 files (:func:`validate_decisions_file`,
+    :func:`validate_clusters_file`) and their joint rule, streamed: every drop's
+    ``kept_twin`` is a kept file heading a cluster, and the dropped members of
+    ``duplicate_clusters`` with their kept member are exactly the drops with their twin
+    (compared as 64-bit hashes of the key pairs: 16 bytes per drop). ``(passed, detail)``.
+    ``tables_checked``: the per-table rules already ran (the files' own ``_schema`` checks),
+    so only the joint rule is checked."""
+    import pyarrow.compute as pc
+
+    for fn, pf in ((validate_decisions_file, decisions_pf), (validate_clusters_file, clusters_pf)):
+        ok, detail = fn(pf) if not tables_checked else (True, "")
+        if not ok:
+            return ok, detail
+    drops, roots, listed = [], [], []
+    for t in _row_groups(decisions_pf):
+        keep = t.column("keep")
+        d = t.filter(pc.invert(keep))
+        drops.append(np.stack((_hashes(d.column("doc_key")), _hashes(d.column("kept_twin"))), axis=1))
+        k = t.filter(pc.and_(keep, pc.greater_equal(t.column("cluster_id"), 0)))
+        roots.append(_hashes(k.column("doc_key")))
+    for t in _row_groups(clusters_pf):
+        d = t.filter(pc.invert(t.column("is_kept")))
+        listed.append(np.stack((_hashes(d.column("doc_key")), _hashes(d.column("kept_doc_key"))), axis=1))
+    drops = np.concatenate(drops) if drops else np.zeros((0, 2), np.uint64)
+    roots = np.concatenate(roots) if roots else np.zeros(0, np.uint64)
+    listed = np.concatenate(listed) if listed else np.zeros((0, 2), np.uint64)
+    bad = ~np.isin(drops[:, 1], roots)
+    if bad.any():
+        return False, f"{int(bad.sum())} drops name a twin that is not a kept cluster head"
+    if len(listed) != len(drops) or not np.array_equal(np.unique(listed, axis=0), np.unique(drops, axis=0)):
+        return False, f"duplicate_clusters lists {len(listed)} dropped members, decisions {len(drops)} (or other twins)"
     return True, f"{len(drops)} drops, each naming a kept twin listed in duplicate_clusters"

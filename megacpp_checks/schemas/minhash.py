@@ -3,7 +3,8 @@ signatures and the cross-source LSH candidate ``pairs`` of a band range.
 
 ``minhash``: one row per scrubbed file, its ``doc_key`` and ``signature`` (a list of
 ``num_perm`` uint32 hash minima; every row the same length). ``pairs``: one row per
-candidate pair, ``doc_key_a < doc_key_b``, sorted and unique. :func:`validate_signatures`
+candidate pair as two rows of the snapshot's minhash inputs concatenated in input order,
+``row_a < row_b``, sorted and unique. :func:`validate_signatures`
 and :func:`validate_pairs` back the blocking ``minhash_schema`` and ``lsh_pairs_*_schema``
 checks.
 """
@@ -19,10 +20,10 @@ from . import validate_frame
 SIGNATURE_KEYS = pa.DataFrameSchema({"doc_key": pa.Column(str, unique=True)}, strict=True, coerce=False)
 
 PAIRS = pa.DataFrameSchema(
-    {"doc_key_a": pa.Column(str), "doc_key_b": pa.Column(str)},
+    {"row_a": pa.Column("int64", pa.Check.ge(0)), "row_b": pa.Column("int64")},
     checks=[
-        pa.Check(lambda df: df["doc_key_a"] < df["doc_key_b"], error="doc_key_a < doc_key_b"),
-        pa.Check(lambda df: ~df.duplicated(["doc_key_a", "doc_key_b"]), error="pairs are unique"),
+        pa.Check(lambda df: df["row_a"] < df["row_b"], error="row_a < row_b"),
+        pa.Check(lambda df: ~df.duplicated(["row_a", "row_b"]), error="pairs are unique"),
     ],
     strict=True,
     coerce=False,
@@ -55,3 +56,23 @@ def validate_signatures(table: pa_arrow.Table) -> tuple[bool, str]:
 def validate_pairs(table: pa_arrow.Table) -> tuple[bool, str]:
     """Validate an LSH ``pairs`` table; ``(passed, detail)``, never raises on bad rows."""
     return validate_frame(PAIRS, table, "lsh_pairs")
+
+
+def validate_pairs_file(pf) -> tuple[bool, str]:
+    """Validate a committed LSH ``pairs`` file one row group at a time: :data:`PAIRS` on each
+    and the pairs strictly ascending as ``(row_a, row_b)`` across the file (so unique).
+    ``(passed, detail)``; never raises on bad rows."""
+    import numpy as np
+
+    last, rows = None, 0
+    for i in range(pf.num_row_groups):
+        t = pf.read_row_group(i, use_threads=False)
+        ok, detail = validate_frame(PAIRS, t, "lsh_pairs")
+        if not ok:
+            return ok, detail
+        code = (t.column("row_a").to_numpy() << 32) | t.column("row_b").to_numpy()
+        if (np.diff(code) <= 0).any() or (last is not None and len(code) and code[0] <= last):
+            return False, "lsh_pairs: pairs not strictly ascending"
+        last = code[-1] if len(code) else last
+        rows += t.num_rows
+    return True, f"lsh_pairs: {rows} rows valid"

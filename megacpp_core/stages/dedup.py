@@ -1,14 +1,14 @@
 """Stage 4 — exact, near and cross-source dedup decisions (SPEC §4 "Dedup").
 
-Per snapshot, fanning in from every revision × shard, on bounded summaries: the scrubbed
-shards' metadata and ``content_sha256`` (never the texts), the ``minhash`` signatures and
-the cross-source candidate pairs of every LSH band range, held as columns: the metadata as
-one arrow table in keep order, the signatures as one ``uint32[n, num_perm]`` matrix, the
-pairs as ``int64[m, 2]`` row indices (:func:`megacpp_core.dedup.deduplicate_columns`).
-Only the texts of records in a candidate pair whose estimate reaches the threshold are
-streamed (record batches, only from the shards and row groups holding them) for the
-exact-Jaccard verification, and only their shingle-hash sets are kept.
-Outputs: ``decisions`` (keep/drop per file; a drop names its kept twin) and
+Per snapshot, fanning in from every revision × shard, on bounded summaries and with
+memory set by settings (:mod:`megacpp_core.dedup_stream`): the scrubbed shards' metadata
+and ``content_sha256`` (never the texts) indexed in keep order one source at a time, the
+``minhash`` signatures spilled per source to local disk, the exact pass over hash buckets
+of about ``dedup_bucket_rows`` records, the near pass one source at a time and the
+cross-source pass over the band steps' candidate pairs. Only the texts of records in a
+candidate pair whose estimate reaches the threshold are streamed (record batches, only
+from the shards and row groups holding them) for the exact-Jaccard verification.
+Outputs, streamed: ``decisions`` (keep/drop per file; a drop names its kept twin) and
 ``duplicate_clusters``; later stages read the kept files shard by shard
 (:mod:`megacpp_core.kept`) in keep order (license rank, source order, path). The rules
 are :mod:`megacpp_core.dedup`.
@@ -16,97 +16,51 @@ are :mod:`megacpp_core.dedup`.
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from megacpp_checks.schemas import dedup as dedup_schema
 
-from .. import catalog, dedup, dedup_tables
-from ..signatures import read_ref_signatures
+from .. import catalog, dedup_stream, dedup_tables, lsh_stream
+from ..dedup_index import DedupInputError
 from ..stage import Partitioning, Result, Stage
 
 DECISIONS_SCHEMA = dedup_tables.DECISIONS_SCHEMA
 CLUSTERS_SCHEMA = dedup_tables.CLUSTERS_SCHEMA
 
 
-#: Scrubbed columns dedup reads: everything but the text (the exact pass compares
-#: ``content_sha256``; the exact-Jaccard verification streams only candidate texts).
-META_COLUMNS = ["doc_key", "source", "source_order", "path", "license_class", "content_sha256"]
-META_SCHEMA = pa.schema([("doc_key", pa.string()), ("source", pa.string()), ("source_order", pa.int32()),
-                         ("path", pa.string()), ("license_class", pa.string()), ("content_sha256", pa.string())])
-
-
-#: Rows per record batch when candidate texts are streamed for the exact-Jaccard check
-#: (a batch's texts are the transient: at most 256 files of ``max_file_bytes``).
-TEXT_BATCH_ROWS = 256
-
-
-def _rows(keys: pa.Array, of: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """``int64[len(of)]``: the position of each of ``of`` in ``keys``, -1 when absent."""
-    return pc.fill_null(pc.index_in(of, value_set=keys), -1).to_numpy().astype(np.int64)
-
-
 def compute(ctx) -> Result:
     """The snapshot's ``decisions`` and ``duplicate_clusters`` (module doc); raises
-    ``ValueError`` from :func:`megacpp_core.dedup.deduplicate_columns` on bad input."""
+    :class:`~megacpp_core.dedup_index.DedupInputError` on inconsistent inputs (stale band
+    steps, duplicate keys, a malformed hash)."""
     s = ctx.settings
-    shards = ctx.inputs("scrubbed")
-    metas = [ref.read(columns=META_COLUMNS) for ref in shards]
-    docs = pa.concat_tables(metas) if metas else META_SCHEMA.empty_table()
-    # Every column in keep order, so the passes see one signature matrix they need not permute.
-    perm = dedup.keep_order_indices(docs)
-    shard_of = np.repeat(np.arange(len(metas), dtype=np.int32), [m.num_rows for m in metas])[perm]
-    docs = docs.take(pa.array(perm)).combine_chunks()
-    del metas, perm
-    keys = docs.column("doc_key").chunk(0) if docs.num_rows else pa.array([], pa.string())
-    texts_read: set[str] = set()  # files whose text was streamed (once or more)
+    shards, signatures = ctx.inputs("scrubbed"), ctx.inputs("minhash")
+    digest = lsh_stream.inputs_digest(signatures)
+    pair_refs = [ctx.input(d.name) for d in catalog.LSH_PAIRS.values()]
+    for ref in pair_refs:
+        if ref.metadata().get("minhash_inputs") != digest:
+            raise DedupInputError(f"{ref.uri} names rows of other minhash inputs: re-run its LSH step first")
 
-    def load_texts(want: set[str]):
-        """Stream ``(doc_key, text)`` of ``want``, reading only the shards that hold them
-        and, in those, only the row groups that do (found from the ``doc_key`` column),
-        :data:`TEXT_BATCH_ROWS` rows at a time."""
-        value_set = pa.array(sorted(want), pa.string())
-        for i in np.unique(shard_of[pc.is_in(keys, value_set=value_set).to_numpy(zero_copy_only=False)]).tolist():
-            pf = shards[i].parquet_file()
-            hit_rows = np.flatnonzero(pc.is_in(pf.read(columns=["doc_key"], use_threads=False).column(0),
-                                               value_set=value_set).to_numpy(zero_copy_only=False))
-            ends = np.cumsum([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
-            groups = np.unique(np.searchsorted(ends, hit_rows, side="right")).tolist()
-            for batch in pf.iter_batches(batch_size=TEXT_BATCH_ROWS, row_groups=groups, columns=["doc_key", "text"],
-                                         use_threads=False):
-                hit = batch.filter(pc.is_in(batch.column(0), value_set=value_set))
-                hit_keys = hit.column(0).to_pylist()
-                texts_read.update(hit_keys)
-                yield from zip(hit_keys, hit.column(1).to_pylist())
+    def pairs():
+        for ref in pair_refs:
+            yield from lsh_stream.read_pairs(ref)
 
-    sig = np.empty((docs.num_rows, s.minhash_num_perm), dtype=np.uint32)
-    have = np.zeros(docs.num_rows, dtype=bool)
-    for ref in ctx.inputs("minhash"):
-        shard_keys, shard_sig = read_ref_signatures(ref)
-        if len(shard_keys) and shard_sig.shape[1] == s.minhash_num_perm:
-            at = _rows(keys, shard_keys)
-            sig[at[at >= 0]] = shard_sig[at >= 0]
-            have[at[at >= 0]] = True
-        del shard_keys, shard_sig
-    cross_pairs = [np.zeros((0, 2), np.int64)]
-    for lo, hi in catalog.LSH_PAIRS:
-        t = ctx.input(catalog.LSH_PAIRS[(lo, hi)].name).read()
-        ab = np.stack((_rows(keys, t.column("doc_key_a")), _rows(keys, t.column("doc_key_b"))), axis=1)
-        cross_pairs.append(ab[(ab >= 0).all(axis=1)])  # pairs naming unknown keys are ignored
-    result = dedup.deduplicate_columns(docs, sig, have, np.concatenate(cross_pairs), num_perm=s.minhash_num_perm,
-                                       threshold=s.minhash_threshold, shingle_k=s.shingle_k, load_texts=load_texts)
-    figures = dict(result.figures)
-    figures["signatures_precomputed"] = bool(have.all())
+    work = ctx.workdir("dedup-")
+    figures = dedup_stream.deduplicate_partitioned(
+        shards, signatures, pairs, work / "spill", work / "decisions.parquet", work / "duplicate_clusters.parquet",
+        num_perm=s.minhash_num_perm, threshold=s.minhash_threshold, shingle_k=s.shingle_k,
+        bucket_rows=s.dedup_bucket_rows, verify_exact=s.minhash_verify_exact, log=ctx.log)
+    figures["signatures_precomputed"] = figures.pop("signatures_computed") == 0
     figures["cross_pairs_from_band_steps"] = True
-    figures["texts_read_for_verification"] = len(texts_read)  # distinct files
     figures["shards_in"] = len(shards)
-    return Result({"decisions": result.decisions, "duplicate_clusters": result.clusters}, figures)
+    return Result({"decisions": work / "decisions.parquet", "duplicate_clusters": work / "duplicate_clusters.parquet"},
+                  figures)
 
 
 def each_drop_names_kept_twin(g):
-    """Every drop names a kept twin, and appears in ``duplicate_clusters`` with it."""
-    return dedup_schema.validate_decisions(g.value("decisions"), g.value("duplicate_clusters"))
+    """Every drop names a kept twin, and appears in ``duplicate_clusters`` with it (both
+    committed tables read row group by row group; each table's own rules are its
+    ``_schema`` check)."""
+    return dedup_schema.validate_decisions_files(g.output("decisions").parquet_file(),
+                                                 g.output("duplicate_clusters").parquet_file(), tables_checked=True)
 
 
 #: Figures of :func:`megacpp_core.dedup.deduplicate` (see its ``DedupResult.figures``).
@@ -119,12 +73,14 @@ DEDUP_FIGURES = ("candidate_probability", "clusters", "cross_candidate_pairs", "
                  "shingle_k", "threshold", "verify_exact")
 
 STAGE = Stage(
-    name="dedup", asset="dedup_decisions", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
-    description="Stage 4: SHA-256 exact dedup, MinHash-LSH near dedup within each source, then the cross-source "
-                "union-find pass over the merged band-range candidate pairs; writes duplicate_clusters.",
+    name="dedup", asset="dedup_decisions", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="2",
+    description="Stage 4: SHA-256 exact dedup over hash buckets, MinHash-LSH near dedup within each source, then the "
+                "cross-source union-find pass over the merged band-range candidate pairs; memory set by "
+                "dedup_bucket_rows and the largest source; writes duplicate_clusters.",
     inputs=(catalog.SCRUBBED, catalog.MINHASH, *catalog.LSH_PAIRS.values()),
     outputs=(catalog.DECISIONS, catalog.DUPLICATE_CLUSTERS),
-    settings=("minhash_num_perm", "minhash_threshold", "shingle_k"), gates=(each_drop_names_kept_twin,),
+    settings=("minhash_num_perm", "minhash_threshold", "shingle_k", "dedup_bucket_rows", "minhash_verify_exact"),
+    gates=(each_drop_names_kept_twin,),
     figures=(*DEDUP_FIGURES, "signatures_precomputed", "cross_pairs_from_band_steps", "texts_read_for_verification",
-             "shards_in"),
+             "shards_in", "exact_buckets"),
 )

@@ -22,8 +22,8 @@ from ..stage import Partitioning, Result, Stage, StageError
 
 
 def compute(ctx) -> Result:
-    kept = kept_files.sample(ctx.inputs("scrubbed"), ctx.input("decisions").read(columns=["doc_key", "keep"]),
-                             ctx.settings.tokenizer_sample_bytes)
+    kept = kept_files.sample(ctx.inputs("scrubbed"), ctx.input("decisions"), ctx.settings.tokenizer_sample_bytes,
+                             workdir=ctx.workdir("tokenizer-sample-"))
     texts = kept_files.TextColumn(kept.column("text"))  # streamed: no Python copy of the sample
     if not len(texts):
         raise StageError(f"snapshot {ctx.snapshot!r}: no file is left after quality, license, scrub and dedup "
