@@ -74,8 +74,10 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_right
 from collections import Counter
 from functools import lru_cache
+from itertools import accumulate
 
 import ahocorasick
 
@@ -375,13 +377,15 @@ KEY_WORDS = re.compile(r"(?i)(?<![a-z])(?:key|secret|token|passw(?:or)?d|credent
 DIGEST_BYTES = frozenset({16, 20, 28, 32, 48, 64})
 
 
+@lru_cache(maxsize=4)
 def code_names(text: str) -> frozenset[str]:
     """Identifiers (3+ characters) used in code in ``text``: outside comments, string and
     character literals. A value right after ``=`` or a single ``:`` (how config values
     stand) counts only when followed by one of ``( ; , ) [ . * % | ^ < > ?`` (a call, a statement, an argument,
     an operand; not ``+ - /``, which base64 keys hold); the value of a ``#define NAME
     VALUE`` line counts when it holds ``_`` (C naming; random base62 keys never do) or is
-    so followed."""
+    so followed. The last few texts' sets are cached (the redaction and the re-scan
+    both ask)."""
     names = set()
     value_next = False
     n = len(text)
@@ -493,9 +497,11 @@ def generic_spans(text: str, margin: float = 0.0, digest_labels: bool = True) ->
         return []
     names: frozenset[str] | None = None
     public = _public_spans(text)
+    starts, reach = [ps for ps, _ in public], list(accumulate((pe for _, pe in public), max))
     out = []
     for s, e in cands:
-        if any(ps <= s and e <= pe for ps, pe in public):
+        i = bisect_right(starts, s)  # a public span holds [s, e) iff one starting at or before s reaches e
+        if i and reach[i - 1] >= e:
             continue
         tok = text[s:e].rstrip("=")
         if _IDENT.fullmatch(tok) or (_SPLIT_OPS.search(tok) and _IDENT.match(tok)):

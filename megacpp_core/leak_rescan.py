@@ -51,6 +51,33 @@ STRICT_PREFILTER = {
     "TelegramBotTokenDetector": r":[0-9A-Za-z_-]{35}",
     "TwilioKeyDetector": r"(?:AC|SK)[a-z0-9]{32}",
 }
+#: Per plugin whose prefilter has no literal start (a slow regex scan), literals one of
+#: which every prefilter match holds: without any of them in the text the prefilter finds
+#: nothing and is not run (a few substring tests instead of a regex scan). AWS's
+#: ``(?i:aws)`` is tested on the lower-cased text, plus ``\u017f`` (long s, which
+#: ``(?i)s`` matches).
+STRICT_GATES = {
+    "AWSKeyDetector": ("A3T", "ABIA", "ACCA", "AKIA", "ASIA", "\u017f"),
+    "GitLabTokenDetector": ("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", "glcbt-", "glimt-", "GR1348941"),
+    "SlackDetector": ("xox", "hooks.slack.com"),
+    "TwilioKeyDetector": ("AC", "SK"),
+}
+#: Lower-case literals of :data:`STRICT_GATES`, looked for in ``text.lower()``.
+STRICT_GATES_LOWER = {"AWSKeyDetector": ("aws",)}
+
+
+def _gate_open(name: str, text: str, lower: list) -> bool:
+    """False when ``text`` holds none of the plugin's :data:`STRICT_GATES` literals (so its
+    prefilter cannot match); ``lower`` caches ``text.lower()``."""
+    lits = STRICT_GATES.get(name)
+    if lits is None or any(lit in text for lit in lits):
+        return True
+    low = STRICT_GATES_LOWER.get(name, ())
+    if low and not lower:
+        lower.append(text.lower())
+    return any(lit in lower[0] for lit in low)
+
+
 _PLACEHOLDER = re.compile(r"%[-+ #0-9.*]*[a-zA-Z]|\{[^{}]*\}|<[^<>]*>|\$\{?\w+\}?|\*+|x{3,}|X{3,}")
 _KEY_BODY = re.compile(r"[A-Za-z0-9+/=]{40,}")
 
@@ -108,7 +135,10 @@ def strict_findings(text: str, marker: str) -> list[tuple[str, str]]:
     """
     found: list[tuple[int, str, str]] = []
     seen: set[tuple[int, int, str]] = set()
+    lower: list[str] = []
     for name, plugin, prefilter in _strict_plugins():
+        if not _gate_open(name, text, lower):
+            continue
         for m, off in _plugin_matches(text, plugin, prefilter):
             rx = m.re
             g = next((i for i in range(1, rx.groups + 1) if m.group(i)), 0) if rx.groups else 0
