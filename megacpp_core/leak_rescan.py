@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from .keyscan import STRICT_MARGIN, generic_spans, random_like  # noqa: F401  (random_like: named in the docstring)
+from .keyscan import STRICT_MARGIN, generic_spans, random_like, runs  # noqa: F401  (random_like: named in the docstring)
 
 #: detect-secrets plugins run by the re-scan: every regex-based format plugin of
 #: detect-secrets 1.5 except the keyword-assignment ones (``KeywordDetector``,
@@ -64,11 +64,18 @@ STRICT_GATES = {
 }
 #: Lower-case literals of :data:`STRICT_GATES`, looked for in ``text.lower()``.
 STRICT_GATES_LOWER = {"AWSKeyDetector": ("aws",)}
+#: Plugins whose prefilter matches only inside a run of the base64url alphabet at least
+#: this long (:func:`megacpp_core.keyscan.runs`, shared with the generic rule): without
+#: such a run the prefilter is not run.
+STRICT_RUN_GATES = {"TwilioKeyDetector": 34}
 
 
 def _gate_open(name: str, text: str, lower: list) -> bool:
     """False when ``text`` holds none of the plugin's :data:`STRICT_GATES` literals (so its
     prefilter cannot match); ``lower`` caches ``text.lower()``."""
+    run = STRICT_RUN_GATES.get(name)
+    if run and not any(e - s >= run for s, e in runs(text)):
+        return False
     lits = STRICT_GATES.get(name)
     if lits is None or any(lit in text for lit in lits):
         return True

@@ -308,11 +308,15 @@ def _merge(claimed: list[tuple], new: list[tuple]) -> list[tuple]:
 _EMAIL_LINES = re.compile(r"@[A-Za-z0-9-]+\.")
 #: ``/home/``, ``/Users/``, ``\Users\`` (also inside ``\\Users\\``).
 _HOME_LINES = re.compile(r"/(?:home|Users)/|\\Users\\")
-#: An accepted IPv6 token (bare of its zone) holds two colons and a decimal digit, and
-#: only hex digits and dots stand between its first colon and its second, hex digits
-#: before its first: the digit before, between or after the first two colons.
+#: An accepted IPv6 token (bare of its zone) holds two colons and a decimal digit, only
+#: hex digits and dots stand between its first colon and its second, and its first group
+#: (before the first colon) is at most 4 hex digits (``ipaddress`` refuses longer
+#: groups): the digit is within the 4 characters before the first colon, or between the
+#: first two colons, or after the second. Every branch starts at a colon (a fast literal
+#: search).
 _V6_LINES = re.compile(
-    r"\d[0-9A-Fa-f]*:[0-9A-Fa-f.]*:|:[0-9A-Fa-f.]*\d[0-9A-Fa-f.]*:|:[0-9A-Fa-f.]*:[0-9A-Fa-f.:]*\d")
+    r":(?:(?<=\d:)|(?<=\d[0-9A-Fa-f]:)|(?<=\d[0-9A-Fa-f]{2}:)|(?<=\d[0-9A-Fa-f]{3}:))[0-9A-Fa-f.]*:"
+    r"|:[0-9A-Fa-f.]*\d[0-9A-Fa-f.]*:|:[0-9A-Fa-f.]*:[0-9A-Fa-f.:]*\d")
 #: A dotted quad holds ``.N.N.``.
 _V4_LINES = re.compile(r"\.\d{1,3}\.\d{1,3}\.")
 
