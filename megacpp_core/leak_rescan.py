@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from .keyscan import STRICT_MARGIN, generic_spans, random_like, runs  # noqa: F401  (random_like: named in the docstring)
+from .keyscan import STRICT_MARGIN, LiteralScanner, generic_spans, hyperscan, random_like, runs  # noqa: F401  (random_like: named in the docstring)
 
 #: detect-secrets plugins run by the re-scan: every regex-based format plugin of
 #: detect-secrets 1.5 except the keyword-assignment ones (``KeywordDetector``,
@@ -70,19 +70,36 @@ STRICT_GATES_LOWER = {"AWSKeyDetector": ("aws",)}
 STRICT_RUN_GATES = {"TwilioKeyDetector": 34}
 
 
-def _gate_open(name: str, text: str, lower: list) -> bool:
-    """False when ``text`` holds none of the plugin's :data:`STRICT_GATES` literals (so its
-    prefilter cannot match); ``lower`` caches ``text.lower()``."""
+@lru_cache(maxsize=4)
+def _gate_scanners(literals: tuple[str, ...], lower: tuple[str, ...]) -> tuple[LiteralScanner, LiteralScanner]:
+    return LiteralScanner(literals), LiteralScanner(lower, caseless=True)
+
+
+def _gate_open(name: str, text: str, cache: dict) -> bool:
+    """False when ``text`` cannot hold a match of the plugin's prefilter: no base64url run
+    long enough (:data:`STRICT_RUN_GATES`), or none of its :data:`STRICT_GATES` literals.
+    On ASCII text every gate literal is looked for in one hyperscan pass (``cache`` keeps
+    what it found, and ``text.lower()`` otherwise)."""
     run = STRICT_RUN_GATES.get(name)
     if run and not any(e - s >= run for s, e in runs(text)):
         return False
     lits = STRICT_GATES.get(name)
-    if lits is None or any(lit in text for lit in lits):
+    if lits is None:
         return True
     low = STRICT_GATES_LOWER.get(name, ())
-    if low and not lower:
-        lower.append(text.lower())
-    return any(lit in lower[0] for lit in low)
+    if text.isascii() and hyperscan is not None:
+        if "found" not in cache:
+            every = tuple(sorted({lit for v in STRICT_GATES.values() for lit in v if lit.isascii()}))
+            every_low = tuple(sorted({lit for v in STRICT_GATES_LOWER.values() for lit in v}))
+            exact, folded = _gate_scanners(every, every_low)
+            cache["found"] = {every[i] for i in exact.present(text)}
+            cache["found_lower"] = {every_low[i] for i in folded.present(text)}
+        return any(lit in cache["found"] for lit in lits) or any(lit in cache["found_lower"] for lit in low)
+    if any(lit in text for lit in lits):
+        return True
+    if low and "lower" not in cache:
+        cache["lower"] = text.lower()
+    return any(lit in cache["lower"] for lit in low)
 
 
 _PLACEHOLDER = re.compile(r"%[-+ #0-9.*]*[a-zA-Z]|\{[^{}]*\}|<[^<>]*>|\$\{?\w+\}?|\*+|x{3,}|X{3,}")
@@ -142,9 +159,9 @@ def strict_findings(text: str, marker: str) -> list[tuple[str, str]]:
     """
     found: list[tuple[int, str, str]] = []
     seen: set[tuple[int, int, str]] = set()
-    lower: list[str] = []
+    gates: dict = {}
     for name, plugin, prefilter in _strict_plugins():
-        if not _gate_open(name, text, lower):
+        if not _gate_open(name, text, gates):
             continue
         for m, off in _plugin_matches(text, plugin, prefilter):
             rx = m.re

@@ -144,7 +144,15 @@ def _assign_automaton():
     return auto
 
 
+@lru_cache(maxsize=1)
+def _assign_scanner() -> keyscan.LiteralScanner:
+    return keyscan.LiteralScanner(_ASSIGN_WORDS, caseless=True)
+
+
 def _assign_word_starts(text: str):
+    if text.isascii() and keyscan.hyperscan is not None:  # one hyperscan pass, ASCII case folded
+        yield from (start for start, _ in _assign_scanner().hits(text))
+        return
     lower = text.lower()
     if len(lower) != len(text):  # a few non-ASCII letters change length when lower-cased
         yield from (m.start() for m in _ASSIGN_WORD.finditer(text))

@@ -149,3 +149,52 @@ def test_unchanged_text_still_fails_closed(monkeypatch):
     monkeypatch.setattr(keyscan, "random_like", lambda tok, margin=0.0: bool(margin))
     with pytest.raises(scrub.LeakError, match="secret"):
         scrub_text("// q8Zr2VbN+5xKc7Lw0PdT/3mYhGf9JsAe1UoRi6Xk\n")
+
+
+# ------------------------------------------------------------------ the hyperscan pass
+
+#: Every literal the multi-pattern pass looks for (format prefixes, assignment words in
+#: mixed case, re-scan gate literals), overlapping ones next to each other.
+LITERALS = tuple(sorted({p for _, ps, _, _ in keyscan.FORMAT_RULES for p in ps})) + (
+    "Api_Key", "SECRET", "ToKeN", "passWD", "PassWord", "private-key", "ACCESS_KEY", "sk-ant-", "AKIAKIA", "ghp_ghp_",
+    "glpat-glpat-", "xoxb-xoxp-", "aWs", "GR1348941GR", "hooks.slack.com", "eyJeyJ", "=", "'", '"', ":", "\n", " ",
+    "Zx8kP2qLm9Tn4Vb7Rc1Wd6Ys", "0123456789abcdef0123456789abcdef", "q8Zr2VbN+5xKc7Lw0PdT/3mYhGf9JsAe1UoRi6Xk",
+)
+
+
+def _engine_results(text: str):
+    return (keyscan.format_spans(text), sorted(set(scrub._assign_word_starts(text))),
+            leak_rescan.strict_findings(text, SECRET))
+
+
+def test_hyperscan_is_installed():
+    assert keyscan.hyperscan is not None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_hyperscan_pass_finds_what_the_automaton_finds(monkeypatch, seed):
+    """The same format hits, assignment words and re-scan findings with the hyperscan
+    pass (ASCII texts) as with pyahocorasick and substring tests; non-ASCII texts take
+    the second way either way."""
+    rng = random.Random(seed)
+    text = "".join(rng.choice(LITERALS) for _ in range(300))
+    if seed % 4 == 3:
+        text = "İ" + text + "ſ"
+    fast = _engine_results(text)
+    monkeypatch.setattr(keyscan, "hyperscan", None)
+    monkeypatch.setattr(leak_rescan, "hyperscan", None)
+    assert _engine_results(text) == fast
+
+
+def test_literal_scanner_reports_overlapping_and_caseless_hits(monkeypatch):
+    lits = ("sk-", "sk-ant-", "aws", "AKIA")
+    text = "sk-ant-x AWSAKIAKIA aWs"
+    expected = [(0, 0), (0, 1), (9, 2), (12, 3), (15, 3), (20, 2)]
+    assert keyscan.LiteralScanner(lits, caseless=True).hits(text) == expected
+    assert keyscan.LiteralScanner(lits, caseless=True).present(text) == {0, 1, 2, 3}
+    assert keyscan.LiteralScanner(lits).present(text) == {0, 1, 3}
+    monkeypatch.setattr(keyscan, "hyperscan", None)
+    assert keyscan.LiteralScanner(lits, caseless=True).hits(text) == expected
+    assert keyscan.LiteralScanner(lits).hits("İ" + text) == [(s + 1, i) for s, i in ((0, 0), (0, 1), (12, 3), (15, 3))]
+    with pytest.raises(ValueError):
+        keyscan.LiteralScanner(lits, caseless=True).hits("İ" + text)
