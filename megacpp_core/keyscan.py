@@ -13,9 +13,9 @@ Two detector sets, on purpose written apart:
     PyPI, SendGrid, Twilio, Mailchimp, Square, Discord, Telegram, Hugging Face,
     DigitalOcean, Shopify, Databricks, Artifactory and age keys, JWTs, Azure storage
     keys and ``Password=``/``Pwd=``/``AccountKey=`` values of connection strings.
-    A literal-prefix automaton (pyahocorasick) finds where a rule can start; only
-    there is the rule's regex tried, so the pass is one scan of the text plus a few
-    anchored matches.
+    One multi-pattern pass (:class:`LiteralScanner`: hyperscan, pyahocorasick on
+    non-ASCII text) finds where a rule's literal prefix stands; only there is the
+    rule's regex tried, so the pass is one scan of the text plus a few anchored matches.
 ``generic``
     Any maximal run of the base64 / base64url alphabet (``[A-Za-z0-9+/_-]``, then
     ``=`` padding) of at least :data:`GENERIC_MIN_LEN` characters, wherever it stands

@@ -55,12 +55,18 @@ detect-secrets' own format plugins, run as that package ships them, plus the gen
 shape test with a looser entropy threshold), and a :class:`LeakError` is raised if
 either finds anything.
 
-Speed: one Aho-Corasick pass (pyahocorasick) finds the literal prefixes of the issuer
-formats and the secret words of the assignment rules, and one regex scan finds the
-base64 runs that the generic rule and the prefix-less formats share; the regexes run
-only where those hit. ``bench/scrub_secrets.py`` measures it against the previous
-revision on the default corpus. google-re2 / hyperscan were not needed: the remaining
-cost is in the e-mail and address detectors and in Python per-hit work, not in the scan.
+Speed (``bench/scrub.py``: redaction and re-scan together against one combined ``re``
+pass of the same detectors): every detector runs only where it can match, with the
+same results as a pass over the whole text. One hyperscan pass (pyahocorasick on
+non-ASCII texts) finds the literal prefixes of the issuer formats, the secret words of
+the assignment rules and the re-scan's gate literals; the base64 runs that the generic
+rule and the prefix-less formats share are found once, with numpy; the PEM block and
+the existing markers run only on a text holding their literals; the e-mail, home-path
+and address detectors only on the lines a literal-led prefilter finds
+(:data:`_EMAIL_LINES`); the re-scan's detect-secrets plugins only when their gate
+literals occur (:data:`megacpp_core.leak_rescan.STRICT_GATES`). A text the redaction
+left unchanged is re-scanned by the stricter detectors only: the redaction detectors
+just found nothing on that very text.
 """
 
 from __future__ import annotations
