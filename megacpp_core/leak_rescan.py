@@ -51,15 +51,28 @@ STRICT_PREFILTER = {
     "TelegramBotTokenDetector": r":[0-9A-Za-z_-]{35}",
     "TwilioKeyDetector": r"(?:AC|SK)[a-z0-9]{32}",
 }
-#: Per plugin whose prefilter has no literal start (a slow regex scan), literals one of
-#: which every prefilter match holds: without any of them in the text the prefilter finds
-#: nothing and is not run (a few substring tests instead of a regex scan). AWS's
-#: ``(?i:aws)`` is tested on the lower-cased text, plus ``\u017f`` (long s, which
-#: ``(?i)s`` matches).
+#: Per plugin, literals one of which every match of its prefilter holds: without any of
+#: them in the text the prefilter finds nothing and is not run (on ASCII text all of them
+#: are looked for in one hyperscan pass, instead of a regex scan per plugin; Discord's
+#: prefilter holds no literal but ``.``). AWS's ``(?i:aws)`` is tested on the lower-cased
+#: text, plus ``\u017f`` (long s, which ``(?i)s`` matches).
 STRICT_GATES = {
     "AWSKeyDetector": ("A3T", "ABIA", "ACCA", "AKIA", "ASIA", "\u017f"),
+    "ArtifactoryDetector": ("AKC", "AP"),
+    "AzureStorageKeyDetector": ("AccountKey=",),
+    "BasicAuthDetector": ("://",),
+    "GitHubTokenDetector": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
     "GitLabTokenDetector": ("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", "glcbt-", "glimt-", "GR1348941"),
+    "JwtTokenDetector": ("eyJ",),
+    "MailchimpDetector": ("-us",),
+    "NpmDetector": (":_authToken=",),
+    "OpenAIDetector": ("T3BlbkFJ",),
+    "PrivateKeyDetector": ("PRIVATE KEY", "PuTTY-User-Key-File-2"),
+    "PypiTokenDetector": ("pypi-AgE",),
+    "SendGridDetector": ("SG.",),
     "SlackDetector": ("xox", "hooks.slack.com"),
+    "SquareOAuthDetector": ("sq0csp-",),
+    "StripeDetector": ("k_live_",),
     "TwilioKeyDetector": ("AC", "SK"),
 }
 #: Lower-case literals of :data:`STRICT_GATES`, looked for in ``text.lower()``.
@@ -67,7 +80,7 @@ STRICT_GATES_LOWER = {"AWSKeyDetector": ("aws",)}
 #: Plugins whose prefilter matches only inside a run of the base64url alphabet at least
 #: this long (:func:`megacpp_core.keyscan.runs`, shared with the generic rule): without
 #: such a run the prefilter is not run.
-STRICT_RUN_GATES = {"TwilioKeyDetector": 34}
+STRICT_RUN_GATES = {"TwilioKeyDetector": 34, "TelegramBotTokenDetector": 35}
 
 
 @lru_cache(maxsize=4)

@@ -112,6 +112,20 @@ AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLE12"  # 40 characters of the 
     "glpat-" + "aB3dE5fG7hI9jK1lM3nO" + "\n",
     "GR1348941" + "aB3dE5fG7hI9jK1lM3nO" + "\n",
     "a" * 5000 + f" aws_key='{AWS_SECRET}' " + "b" * 5000,  # a long line: windows around the hit
+    "bot = 123456789:" + "AAH4kq8Zr2VbN5xKc7Lw0PdT3mYhGf9JsAe" + "\n",  # Telegram, a run of exactly 35
+    'repo = "AKC' + "p8Zr2VbN5xKc7Lw0PdT3mYhGf9JsAe1UoRi6Xk0" + '"\n',
+    'url = "https://svc:hunter2pass@db.example.net/x"\n',
+    "AccountKey=" + "q8Zr2VbN+5xKc7Lw0PdT/3mYhGf9JsAe1UoRi6Xkq8Zr2VbN+5xKc7Lw0PdT/3mYhGf9JsAe1UoRi6Xk12345678" + "\n",
+    "k = ghp_" + "0123456789abcdefghijABCDEFGHIJ012345" + "\n",
+    "t = eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U\n",
+    "m = " + "0123456789abcdef0123456789abcdef" + "-us12\n",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAuV1bC3dE4fG5hI6jK7lM8nO9pQ0rS1tU2vW3xY4zA5b\n",
+    "p = pypi-AgEIcHlwaS5vcmc" + "q8Zr2VbN5xKc7Lw0PdT3mYhGf9JsAe1UoRi6Xk" * 2 + "\n",
+    "s = SG." + "q8Zr2VbN5xKc7Lw0PdT3mY" + "." + "q8Zr2VbN5xKc7Lw0PdT3mYhGf9JsAe1UoRi6Xk12345" + "\n",
+    "s = sq0csp-" + "q8Zr2VbN5xKc7Lw0PdT3mYhGf9JsAe1UoRi6Xk12345" + "\n",
+    "s = sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc" + "\n",
+    "o = sk-" + "q8Zr2VbN5xKc7Lw0PdT3" + "T3BlbkFJ" + "q8Zr2VbN5xKc7Lw0PdT3" + "\n",
+    "//registry.npmjs.org/:_authToken=npm_" + "q8Zr2VbN5xKc7Lw0PdT3mYhGf9JsAe1UoRi6" + "\n",
 ])
 def test_gated_rescan_finds_what_the_ungated_one_finds(monkeypatch, text):
     gated = leak_rescan.strict_findings(text, SECRET)
@@ -123,6 +137,8 @@ def test_gated_rescan_finds_what_the_ungated_one_finds(monkeypatch, text):
 def test_gates_agree_on_hostile_text(monkeypatch, seed):
     rng = random.Random(seed)
     pieces = PIECES + ("aws", "AWS", "awſ", "AKIA", "ACCA", "SK", "AC", "xox", "b-", "glpat-", "GR1348941", "key",
+                       "AKC", "AP", "AccountKey=", "://", "ghp_", "eyJ", "-us", ":_authToken=", "T3BlbkFJ", "PRIVATE KEY",
+                       "pypi-AgE", "SG.", "sq0csp-", "k_live_", "123456789:", "AAH4kq8Zr2VbN5xKc7Lw0Pd",
                        "token", "'", '"', "=", "0123456789abcdef", "ABCDEFGHIJ", "hooks.slack.com/services/T", "/B")
     text = "".join(rng.choice(pieces) for _ in range(600))
     assert leak_rescan.strict_findings(text, SECRET) == _ungated(monkeypatch, lambda: leak_rescan.strict_findings(text, SECRET))
