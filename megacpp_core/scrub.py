@@ -336,8 +336,8 @@ _V4_LINES = re.compile(r"\.\d{1,3}\.\d{1,3}\.")
 
 
 def _hit_lines(text: str, prefilter: re.Pattern) -> list[tuple[int, int]]:
-    """``(start, end)`` of every line of ``text`` (``end`` at its ``\n`` or the text's end)
-    holding a match of ``prefilter`` (whose matches never hold ``\n``), in order."""
+    """``(start, end)`` of every line of ``text`` (``end`` at its ``\\n`` or the text's end)
+    holding a match of ``prefilter`` (whose matches never hold ``\\n``), in order."""
     out, pos, n = [], 0, len(text)
     search = prefilter.search
     while True:
