@@ -13,9 +13,9 @@ Two detector sets, on purpose written apart:
     PyPI, SendGrid, Twilio, Mailchimp, Square, Discord, Telegram, Hugging Face,
     DigitalOcean, Shopify, Databricks, Artifactory and age keys, JWTs, Azure storage
     keys and ``Password=``/``Pwd=``/``AccountKey=`` values of connection strings.
-    A literal-prefix automaton (pyahocorasick) finds where a rule can start; only
-    there is the rule's regex tried, so the pass is one scan of the text plus a few
-    anchored matches.
+    One multi-pattern pass (:class:`LiteralScanner`: hyperscan, pyahocorasick on
+    non-ASCII text) finds where a rule's literal prefix stands; only there is the
+    rule's regex tried, so the pass is one scan of the text plus a few anchored matches.
 ``generic``
     Any maximal run of the base64 / base64url alphabet (``[A-Za-z0-9+/_-]``, then
     ``=`` padding) of at least :data:`GENERIC_MIN_LEN` characters, wherever it stands
@@ -74,10 +74,71 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_right
 from collections import Counter
 from functools import lru_cache
+from itertools import accumulate
 
 import ahocorasick
+import numpy as np
+
+try:  # one pass of a multi-pattern engine over ASCII texts; pyahocorasick otherwise
+    import hyperscan
+except ImportError:  # pragma: no cover - a dependency; without it the same results, slower
+    hyperscan = None
+
+
+class LiteralScanner:
+    """Every occurrence of a set of literals in a text, in one pass: a hyperscan
+    database on ASCII texts (byte offsets are character offsets there), a pyahocorasick
+    automaton otherwise. ``caseless`` folds ASCII case (over ``text.lower()`` in the
+    automaton; ASCII texts only). :meth:`hits`: sorted ``(start, literal index)``,
+    overlapping occurrences included; :meth:`present`: the indices found."""
+
+    def __init__(self, literals, caseless: bool = False):
+        self.literals, self.caseless, self._dbs, self._auto = tuple(literals), caseless, {}, None
+
+    def _db(self, text: str, single: bool):
+        if hyperscan is None or not text.isascii():
+            return None
+        if single not in self._dbs:
+            flags = (hyperscan.HS_FLAG_CASELESS if self.caseless else 0) | (hyperscan.HS_FLAG_SINGLEMATCH if single else 0)
+            db = self._dbs[single] = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            db.compile(expressions=[re.escape(lit).encode("ascii") for lit in self.literals],
+                       ids=list(range(len(self.literals))), elements=len(self.literals), flags=[flags] * len(self.literals))
+        return self._dbs[single]
+
+    def hits(self, text: str) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        db = self._db(text, False) if text else None
+        if db is not None:
+            lens = [len(lit) for lit in self.literals]
+            db.scan(text.encode("ascii"), match_event_handler=lambda i, _f, to, _fl, _c: out.append((to - lens[i], i)))
+        elif text:
+            out = list(self._automaton_hits(text))
+        return sorted(out)
+
+    def present(self, text: str) -> set[int]:
+        found: set[int] = set()
+        db = self._db(text, True) if text else None
+        if db is not None:
+            db.scan(text.encode("ascii"), match_event_handler=lambda i, _f, _t, _fl, _c: found.add(i))
+            return found
+        return {i for _, i in self._automaton_hits(text)} if text else found
+
+    def _automaton_hits(self, text: str):
+        if self.caseless:
+            if not text.isascii():
+                raise ValueError("a caseless LiteralScanner scans ASCII text only")
+            text = text.lower()
+        if self._auto is None:
+            self._auto = ahocorasick.Automaton()
+            for i, lit in enumerate(self.literals):
+                self._auto.add_word(lit.lower() if self.caseless else lit, (len(lit), i))
+            self._auto.make_automaton()
+        for end, (n, i) in self._auto.iter(text):
+            yield end - n + 1, i
+
 
 #: Shortest generic key-like token (the issue's "20+ characters": AWS secret access
 #: keys are 40, most API tokens 20-64).
@@ -286,16 +347,13 @@ _B64URL_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_
 
 
 @lru_cache(maxsize=1)
-def _format_automaton():
-    auto = ahocorasick.Automaton()
+def _format_prefixes() -> tuple[LiteralScanner, tuple[tuple[int, ...], ...]]:
+    """The scanner of every rule's literal prefixes, and per prefix the rules it starts."""
     rules: dict[str, list[int]] = {}
     for i, (_, prefixes, _, _) in enumerate(FORMAT_RULES):
         for p in prefixes:
             rules.setdefault(p, []).append(i)
-    for p, idx in rules.items():
-        auto.add_word(p, (len(p), tuple(idx)))
-    auto.make_automaton()
-    return auto
+    return LiteralScanner(rules), tuple(tuple(idx) for idx in rules.values())
 
 
 @lru_cache(maxsize=1)
@@ -308,8 +366,9 @@ def format_spans(text: str) -> list[tuple[int, int, str]]:
     sorted by start)."""
     out = []
     regexes = _format_regexes()
-    for end, (plen, idx) in _format_automaton().iter(text):
-        start = end - plen + 1
+    scanner, rules_of = _format_prefixes()
+    for start, k in scanner.hits(text):
+        idx = rules_of[k]
         before = text[start - 1] if start else "\n"
         for i in idx:
             name, _, _, left = FORMAT_RULES[i]
@@ -335,11 +394,38 @@ _RUN = re.compile(rf"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{{{GENERIC_MIN_LEN},}}={
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 
 
+#: Code points of the :data:`_RUN` alphabet, as a lookup table over the first 128.
+_RUN_TABLE = np.zeros(128, dtype=bool)
+_RUN_TABLE[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-", dtype=np.uint8)] = True
+_PAD = ord("=")
+
+
 @lru_cache(maxsize=4)
 def runs(text: str) -> tuple[tuple[int, int], ...]:
-    """Spans of :data:`_RUN` in ``text`` (one scan shared by the format and generic
-    rules; the last few texts are cached)."""
-    return tuple(m.span() for m in _RUN.finditer(text))
+    """Spans of :data:`_RUN` in ``text`` (one scan shared by the format and generic rules;
+    the last few texts cached), found with numpy over the code points: maximal runs of
+    the alphabet of :data:`GENERIC_MIN_LEN`+ characters, each with up to 3 ``=`` after."""
+    if len(text) < GENERIC_MIN_LEN:
+        return ()
+    if text.isascii():
+        cps = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        inside = _RUN_TABLE[cps]
+    else:  # one code point per element, lone surrogates included
+        cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        inside = _RUN_TABLE[np.minimum(cps, 127)] & (cps < 128)
+    step = np.diff(inside.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts = np.flatnonzero(step == 1)
+    ends = np.flatnonzero(step == -1)
+    keep = ends - starts >= GENERIC_MIN_LEN
+    starts, ends = starts[keep], ends[keep]
+    if not len(ends):
+        return ()
+    n = len(cps)
+    for _ in range(3):  # "=" padding, up to 3, each only after the previous one
+        pad = ends < n
+        pad[pad] = cps[ends[pad]] == _PAD
+        ends = ends + pad
+    return tuple(zip(starts.tolist(), ends.tolist()))
 #: Lexer for :func:`code_names`: comments and literals are skipped, ``#define NAME``
 #: and identifiers of 3+ characters are captured.
 _CODE_LEX = re.compile(
@@ -375,13 +461,15 @@ KEY_WORDS = re.compile(r"(?i)(?<![a-z])(?:key|secret|token|passw(?:or)?d|credent
 DIGEST_BYTES = frozenset({16, 20, 28, 32, 48, 64})
 
 
+@lru_cache(maxsize=4)
 def code_names(text: str) -> frozenset[str]:
     """Identifiers (3+ characters) used in code in ``text``: outside comments, string and
     character literals. A value right after ``=`` or a single ``:`` (how config values
     stand) counts only when followed by one of ``( ; , ) [ . * % | ^ < > ?`` (a call, a statement, an argument,
     an operand; not ``+ - /``, which base64 keys hold); the value of a ``#define NAME
     VALUE`` line counts when it holds ``_`` (C naming; random base62 keys never do) or is
-    so followed."""
+    so followed. The last few texts' sets are cached (the redaction and the re-scan
+    both ask)."""
     names = set()
     value_next = False
     n = len(text)
@@ -493,9 +581,11 @@ def generic_spans(text: str, margin: float = 0.0, digest_labels: bool = True) ->
         return []
     names: frozenset[str] | None = None
     public = _public_spans(text)
+    starts, reach = [ps for ps, _ in public], list(accumulate((pe for _, pe in public), max))
     out = []
     for s, e in cands:
-        if any(ps <= s and e <= pe for ps, pe in public):
+        i = bisect_right(starts, s)  # a public span holds [s, e) iff one starting at or before s reaches e
+        if i and reach[i - 1] >= e:
             continue
         tok = text[s:e].rstrip("=")
         if _IDENT.fullmatch(tok) or (_SPLIT_OPS.search(tok) and _IDENT.match(tok)):

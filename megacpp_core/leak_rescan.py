@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from .keyscan import STRICT_MARGIN, generic_spans, random_like  # noqa: F401  (random_like: named in the docstring)
+from .keyscan import STRICT_MARGIN, LiteralScanner, generic_spans, hyperscan, random_like, runs  # noqa: F401  (random_like: named in the docstring)
 
 #: detect-secrets plugins run by the re-scan: every regex-based format plugin of
 #: detect-secrets 1.5 except the keyword-assignment ones (``KeywordDetector``,
@@ -51,6 +51,70 @@ STRICT_PREFILTER = {
     "TelegramBotTokenDetector": r":[0-9A-Za-z_-]{35}",
     "TwilioKeyDetector": r"(?:AC|SK)[a-z0-9]{32}",
 }
+#: Per plugin, literals one of which every match of its prefilter holds: without any of
+#: them in the text the prefilter finds nothing and is not run (on ASCII text all of them
+#: are looked for in one hyperscan pass, instead of a regex scan per plugin; Discord's
+#: prefilter holds no literal but ``.``). AWS's ``(?i:aws)`` is tested on the lower-cased
+#: text, plus ``\u017f`` (long s, which ``(?i)s`` matches).
+STRICT_GATES = {
+    "AWSKeyDetector": ("A3T", "ABIA", "ACCA", "AKIA", "ASIA", "\u017f"),
+    "ArtifactoryDetector": ("AKC", "AP"),
+    "AzureStorageKeyDetector": ("AccountKey=",),
+    "BasicAuthDetector": ("://",),
+    "GitHubTokenDetector": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+    "GitLabTokenDetector": ("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", "glcbt-", "glimt-", "GR1348941"),
+    "JwtTokenDetector": ("eyJ",),
+    "MailchimpDetector": ("-us",),
+    "NpmDetector": (":_authToken=",),
+    "OpenAIDetector": ("T3BlbkFJ",),
+    "PrivateKeyDetector": ("PRIVATE KEY", "PuTTY-User-Key-File-2"),
+    "PypiTokenDetector": ("pypi-AgE",),
+    "SendGridDetector": ("SG.",),
+    "SlackDetector": ("xox", "hooks.slack.com"),
+    "SquareOAuthDetector": ("sq0csp-",),
+    "StripeDetector": ("k_live_",),
+    "TwilioKeyDetector": ("AC", "SK"),
+}
+#: Lower-case literals of :data:`STRICT_GATES`, looked for in ``text.lower()``.
+STRICT_GATES_LOWER = {"AWSKeyDetector": ("aws",)}
+#: Plugins whose prefilter matches only inside a run of the base64url alphabet at least
+#: this long (:func:`megacpp_core.keyscan.runs`, shared with the generic rule): without
+#: such a run the prefilter is not run.
+STRICT_RUN_GATES = {"TwilioKeyDetector": 34, "TelegramBotTokenDetector": 35}
+
+
+@lru_cache(maxsize=4)
+def _gate_scanners(literals: tuple[str, ...], lower: tuple[str, ...]) -> tuple[LiteralScanner, LiteralScanner]:
+    return LiteralScanner(literals), LiteralScanner(lower, caseless=True)
+
+
+def _gate_open(name: str, text: str, cache: dict) -> bool:
+    """False when ``text`` cannot hold a match of the plugin's prefilter: no base64url run
+    long enough (:data:`STRICT_RUN_GATES`), or none of its :data:`STRICT_GATES` literals.
+    On ASCII text every gate literal is looked for in one hyperscan pass (``cache`` keeps
+    what it found, and ``text.lower()`` otherwise)."""
+    run = STRICT_RUN_GATES.get(name)
+    if run and not any(e - s >= run for s, e in runs(text)):
+        return False
+    lits = STRICT_GATES.get(name)
+    if lits is None:
+        return True
+    low = STRICT_GATES_LOWER.get(name, ())
+    if text.isascii() and hyperscan is not None:
+        if "found" not in cache:
+            every = tuple(sorted({lit for v in STRICT_GATES.values() for lit in v if lit.isascii()}))
+            every_low = tuple(sorted({lit for v in STRICT_GATES_LOWER.values() for lit in v}))
+            exact, folded = _gate_scanners(every, every_low)
+            cache["found"] = {every[i] for i in exact.present(text)}
+            cache["found_lower"] = {every_low[i] for i in folded.present(text)}
+        return any(lit in cache["found"] for lit in lits) or any(lit in cache["found_lower"] for lit in low)
+    if any(lit in text for lit in lits):
+        return True
+    if low and "lower" not in cache:
+        cache["lower"] = text.lower()
+    return any(lit in cache["lower"] for lit in low)
+
+
 _PLACEHOLDER = re.compile(r"%[-+ #0-9.*]*[a-zA-Z]|\{[^{}]*\}|<[^<>]*>|\$\{?\w+\}?|\*+|x{3,}|X{3,}")
 _KEY_BODY = re.compile(r"[A-Za-z0-9+/=]{40,}")
 
@@ -108,7 +172,10 @@ def strict_findings(text: str, marker: str) -> list[tuple[str, str]]:
     """
     found: list[tuple[int, str, str]] = []
     seen: set[tuple[int, int, str]] = set()
+    gates: dict = {}
     for name, plugin, prefilter in _strict_plugins():
+        if not _gate_open(name, text, gates):
+            continue
         for m, off in _plugin_matches(text, plugin, prefilter):
             rx = m.re
             g = next((i for i in range(1, rx.groups + 1) if m.group(i)), 0) if rx.groups else 0

@@ -55,18 +55,25 @@ detect-secrets' own format plugins, run as that package ships them, plus the gen
 shape test with a looser entropy threshold), and a :class:`LeakError` is raised if
 either finds anything.
 
-Speed: one Aho-Corasick pass (pyahocorasick) finds the literal prefixes of the issuer
-formats and the secret words of the assignment rules, and one regex scan finds the
-base64 runs that the generic rule and the prefix-less formats share; the regexes run
-only where those hit. ``bench/scrub_secrets.py`` measures it against the previous
-revision on the default corpus. google-re2 / hyperscan were not needed: the remaining
-cost is in the e-mail and address detectors and in Python per-hit work, not in the scan.
+Speed (``bench/scrub.py``: redaction and re-scan together against one combined ``re``
+pass of the same detectors): every detector runs only where it can match, with the
+same results as a pass over the whole text. One hyperscan pass (pyahocorasick on
+non-ASCII texts) finds the literal prefixes of the issuer formats, the secret words of
+the assignment rules and the re-scan's gate literals; the base64 runs that the generic
+rule and the prefix-less formats share are found once, with numpy; the PEM block and
+the existing markers run only on a text holding their literals; the e-mail, home-path
+and address detectors only on the lines a literal-led prefilter finds
+(:data:`_EMAIL_LINES`); the re-scan's detect-secrets plugins only when their gate
+literals occur (:data:`megacpp_core.leak_rescan.STRICT_GATES`). A text the redaction
+left unchanged is re-scanned by the stricter detectors only: the redaction detectors
+just found nothing on that very text.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -143,7 +150,15 @@ def _assign_automaton():
     return auto
 
 
+@lru_cache(maxsize=1)
+def _assign_scanner() -> keyscan.LiteralScanner:
+    return keyscan.LiteralScanner(_ASSIGN_WORDS, caseless=True)
+
+
 def _assign_word_starts(text: str):
+    if text.isascii() and keyscan.hyperscan is not None:  # one hyperscan pass, ASCII case folded
+        yield from (start for start, _ in _assign_scanner().hits(text))
+        return
     lower = text.lower()
     if len(lower) != len(text):  # a few non-ASCII letters change length when lower-cased
         yield from (m.start() for m in _ASSIGN_WORD.finditer(text))
@@ -298,34 +313,94 @@ def _merge(claimed: list[tuple], new: list[tuple]) -> list[tuple]:
     return out + claimed[i:]
 
 
+#: Line prefilters of the line-local detectors (:data:`_EMAIL`, :data:`_HOME`, :data:`_V6`,
+#: :data:`_V4`): every match of the detector lies on one line and holds a match of its
+#: prefilter, and its look-arounds treat the line's ``\n`` as they treat the string's
+#: ends, so running the detector over the lines holding a prefilter hit finds exactly what
+#: one pass over the whole text finds (:func:`_hit_lines`).
+#: An e-mail holds ``@``, a domain label and a dot.
+_EMAIL_LINES = re.compile(r"@[A-Za-z0-9-]+\.")
+#: ``/home/``, ``/Users/``, ``\Users\`` (also inside ``\\Users\\``).
+_HOME_LINES = re.compile(r"/(?:home|Users)/|\\Users\\")
+#: An accepted IPv6 token (bare of its zone) holds two colons and a decimal digit, only
+#: hex digits and dots stand between its first colon and its second, and its first group
+#: (before the first colon) is at most 4 hex digits (``ipaddress`` refuses longer
+#: groups): the digit is within the 4 characters before the first colon, or between the
+#: first two colons, or after the second. Every branch starts at a colon (a fast literal
+#: search).
+_V6_LINES = re.compile(
+    r":(?:(?<=\d:)|(?<=\d[0-9A-Fa-f]:)|(?<=\d[0-9A-Fa-f]{2}:)|(?<=\d[0-9A-Fa-f]{3}:))[0-9A-Fa-f.]*:"
+    r"|:[0-9A-Fa-f.]*\d[0-9A-Fa-f.]*:|:[0-9A-Fa-f.]*:[0-9A-Fa-f.:]*\d")
+#: A dotted quad holds ``.N.N.``.
+_V4_LINES = re.compile(r"\.\d{1,3}\.\d{1,3}\.")
+
+
+def _hit_lines(text: str, prefilter: re.Pattern) -> list[tuple[int, int]]:
+    """``(start, end)`` of every line of ``text`` (``end`` at its ``\\n`` or the text's end)
+    holding a match of ``prefilter`` (whose matches never hold ``\\n``), in order."""
+    out, pos, n = [], 0, len(text)
+    search = prefilter.search
+    while True:
+        m = search(text, pos)
+        if m is None:
+            return out
+        end = text.find("\n", m.end())
+        end = n if end < 0 else end
+        out.append((text.rfind("\n", 0, m.start()) + 1, end))
+        pos = end + 1
+
+
+def _line_matches(rx: re.Pattern, text: str, prefilter: re.Pattern):
+    """``rx.finditer(text)`` for a line-local ``rx`` (see :data:`_EMAIL_LINES`), run only
+    on the lines holding a ``prefilter`` hit."""
+    for ls, le in _hit_lines(text, prefilter):
+        yield from rx.finditer(text, ls, le)
+
+
 def _spans(text: str) -> list[tuple[int, int, str, str]]:
     """Non-overlapping ``(start, end, kind, replacement)`` sorted by start; detectors in
-    priority order, existing redaction markers claimed first."""
+    priority order, existing redaction markers claimed first.
+
+    Each detector runs only where it can match: the PEM block and the existing markers
+    only when the text holds their literals, the line-local detectors only on the lines
+    their prefilter finds (:func:`_line_matches`), with the same matches as a pass over
+    the whole text."""
     secret, net, home = (REDACTION_MARKERS[k] for k in ("secret", "network_address", "home_path"))
     v6 = []
-    for m in _V6.finditer(text):
+    for m in _line_matches(_V6, text, _V6_LINES):
         end = m.start() + len(m.group(0).rstrip("."))
         if not re.match(r"[\w(<]", text[end : end + 1]) and _ipv6_ok(text[m.start() : end]):
             v6.append((m.start(), end, "network_address", net))
+    pem = "PRIVATE KEY" in text or "PuTTY-User-Key-File-" in text
+    email = "@" in text
+    homes = "/home/" in text or "/Users/" in text or "\\Users\\" in text
     passes = [
-        [(m.start(), m.end(), "secret", secret) for m in _PEM.finditer(text)],
+        [(m.start(), m.end(), "secret", secret) for m in (_PEM.finditer(text) if pem else ())],
         _widest([(s, e, "secret", secret) for s, e, _ in keyscan.format_spans(text)]),
         [(m.start(1), m.end(1), "secret", secret) for m in _BASIC_AUTH.finditer(text) if _password(m.group(1))],
         [(m.start(2), m.end(2), "secret", secret) for m in _assignments(text)
          if _key_like(m.group(2)) and not _PUBLIC_NAME.search(text, m.start(), m.start(2))],
         [(s, e, "secret", secret) for s, e in keyscan.generic_spans(text)],
-        [(m.start(), m.end(), "email", REDACTION_MARKERS["email"]) for m in (_EMAIL.finditer(text) if "@" in text else ())],
+        [(m.start(), m.end(), "email", REDACTION_MARKERS["email"])
+         for m in (_line_matches(_EMAIL, text, _EMAIL_LINES) if email else ())],
         [
             (m.start(), m.end(), "home_path", home if m.group(1) or m.group(3) else home[:-1])
-            for m in (_HOME.finditer(text) if "home/" in text or "Users" in text else ())
+            for m in (_line_matches(_HOME, text, _HOME_LINES) if homes else ())
         ],
         v6,
-        [(m.start(), m.end(), "network_address", net) for m in _V4.finditer(text) if _ipv4_ok(text, m)],
+        [(m.start(), m.end(), "network_address", net) for m in _line_matches(_V4, text, _V4_LINES) if _ipv4_ok(text, m)],
     ]
-    claimed = [(m.start(), m.end(), "", "") for m in _MARKER.finditer(text)]
+    markers = "<redacted-" in text or REDACTION_MARKERS["secret"] in text
+    claimed = [(m.start(), m.end(), "", "") for m in (_MARKER.finditer(text) if markers else ())]
     for spans in passes:
         claimed = _merge(claimed, spans)
     return [c for c in claimed if c[2]]
+
+
+#: ``_CLEAN.text``: the text :func:`scrub_text` is re-scanning when it redacted nothing
+#: (its output is its input, on which :func:`_spans` just found nothing), so that
+#: :func:`find_leaks` runs only the stricter re-scan on it; identity, never equality.
+_CLEAN = threading.local()
 
 
 def find_leaks(text: str) -> list[tuple[str, str]]:
@@ -333,7 +408,9 @@ def find_leaks(text: str) -> list[tuple[str, str]]:
     detectors or the stricter re-scan (:func:`megacpp_core.leak_rescan.strict_findings`,
     reported as kind ``secret``) flag, in text order. Redaction markers never count.
     Empty on properly scrubbed text."""
-    leaks = [(s, kind, text[s:e]) for s, e, kind, _ in _spans(text)]
+    known = getattr(_CLEAN, "text", None)
+    spans = [] if known is not None and known is text else _spans(text)
+    leaks = [(s, kind, text[s:e]) for s, e, kind, _ in spans]
     seen = {v for _, k, v in leaks if k == "secret"}
     pos = 0
     for _, value in leak_rescan.strict_findings(text, REDACTION_MARKERS["secret"]):
@@ -355,7 +432,8 @@ def scrub_text(text: str, max_samples: int = 3) -> ScrubResult:
     counts = dict.fromkeys(KINDS, 0)
     at: list[tuple[int, str, str]] = []  # (offset in output, kind, marker)
     pos = size = 0
-    for s, e, kind, repl in _spans(text):
+    spans = _spans(text)
+    for s, e, kind, repl in spans:
         out += [text[pos:s], repl]
         size += s - pos
         at.append((size, kind, repl))
@@ -368,7 +446,13 @@ def scrub_text(text: str, max_samples: int = 3) -> ScrubResult:
         {"kind": kind, "before": result[max(0, o - 40) : o + len(repl) + 40], "marker": repl}
         for o, kind, repl in at[:max_samples]
     ]
-    leaks = find_leaks(result)
+    if not spans:  # the output is the input, whose redaction detectors found nothing
+        result = text
+        _CLEAN.text = text
+    try:
+        leaks = find_leaks(result)
+    finally:
+        _CLEAN.text = None
     if leaks:
         raise LeakError(f"scrub output still holds: {sorted({k for k, _ in leaks})}")
     return ScrubResult(result, counts, samples)
