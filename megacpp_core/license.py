@@ -34,10 +34,8 @@ the fallback for keys the vendored index does not know yet.
 from __future__ import annotations
 
 import hashlib
-import os
 import posixpath
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -50,6 +48,8 @@ from license_expression import (
     get_license_index,
     get_spdx_licensing,
 )
+
+from .license_scancode import ResultStore, run_scancode
 
 #: License classes from most to least permissive (SPEC §4).
 CLASS_ORDER = ("permissive", "weak_copyleft", "gpl2", "unknown", "refused")
@@ -357,14 +357,23 @@ class Scanner:
     """ScanCode wrapper with an in-memory cache keyed by caller-chosen keys.
 
     Share one instance across revisions in a process. ``scans`` counts ScanCode calls,
-    ``cache_hits`` counts answers served from the cache. The first scan loads ScanCode's
-    license index (~7 s); later scans take 0.01-1 s per license-sized text.
+    ``cache_hits`` counts answers served from the cache, ``store_hits`` ScanCode answers
+    read from ``store`` (a :class:`~megacpp_core.license_scancode.ResultStore`, optional)
+    instead of running ScanCode. The first ScanCode call loads its license index (~7 s,
+    :func:`~megacpp_core.license_scancode.load`); later scans take 0.01-1 s per text.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, store: ResultStore | None = None) -> None:
         self.cache: dict[str, str | None] = {}
         self.scans = 0
         self.cache_hits = 0
+        self.store = store
+        self.store_hits = 0
+
+    def use_store(self, directory) -> None:
+        """Read and keep ScanCode's answers in a result store under ``directory``."""
+        if self.store is None or str(self.store.root) != str(directory):
+            self.store = ResultStore(directory)
 
     def scan_text(self, text: str, cache_key: str) -> str | None:
         """ScanCode's ``detected_license_expression_spdx`` for ``text`` (``None`` when
@@ -409,16 +418,13 @@ class Scanner:
         return self.cache[cache_key]
 
     def _scancode(self, text: str) -> dict:
-        from scancode.api import get_licenses
-
-        fd, tmp = tempfile.mkstemp(suffix=".txt")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            result = get_licenses(tmp)
-        finally:
-            os.unlink(tmp)
+        if self.store is not None and (stored := self.store.get(text)) is not None:
+            self.store_hits += 1
+            return stored
+        result = run_scancode(text)
         self.scans += 1
+        if self.store is not None:
+            self.store.put(text, result)
         return result
 
     def _choice(self, text: str) -> str | None:

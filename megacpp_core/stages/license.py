@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .. import acquire, catalog, dep5, license
+from .. import acquire, catalog, dep5, license, license_scancode
 from ..stage import Partitioning, Result, Stage
 from ..tables import value_counts
 
@@ -31,6 +31,8 @@ LICENSE_SCHEMA = pa.schema([
 ])
 
 _SCANNER: license.Scanner | None = None
+#: Folder of the ScanCode result store under the data root's local cache (``ctx.cache_dir``).
+STORE_DIR = "scancode-results"
 
 
 def shared_scanner() -> license.Scanner:
@@ -63,6 +65,9 @@ def compute(ctx) -> Result:
         if p not in texts and license.is_license_file(p) and size <= acquire.MAX_LICENSE_FILE_BYTES:
             texts[p] = b.decode("utf-8", errors="replace")
     scanner = ctx.tool("scancode")
+    if isinstance(scanner, license.Scanner):
+        scanner.use_store(ctx.cache_dir / STORE_DIR)
+    before = (scanner.scans, scanner.cache_hits, getattr(scanner, "store_hits", 0), license_scancode.LOAD["seconds"])
     policy = license_policy(ctx.settings)
     rows = license.scan_revision(ctx.source.name, texts, kept_text.keys(), policy, scanner)
     if ctx.source.kind == "debian" and copyright_file is None:
@@ -79,7 +84,9 @@ def compute(ctx) -> Result:
     figures = {"files_in": table.num_rows, "files_out": int(sum(1 for d in cols["decision"] if d != "refuse")),
                "classes": value_counts(table.column("license_class")), "decisions": value_counts(table.column("decision")),
                "origins": value_counts(table.column("origin")), "expressions": value_counts(table.column("spdx_expression")),
-               "scancode_runs": scanner.scans, "scancode_cache_hits": scanner.cache_hits,
+               "scancode_runs": scanner.scans - before[0], "scancode_cache_hits": scanner.cache_hits - before[1],
+               "scancode_store_hits": getattr(scanner, "store_hits", 0) - before[2],
+               "scancode_index_load_seconds": round(license_scancode.LOAD["seconds"] or 0.0, 2) if before[3] is None else 0.0,
                "dep5": dep5.summary(rows, copyright_file)}
     return Result({"license": table}, figures)
 
@@ -100,5 +107,5 @@ STAGE = Stage(
     inputs=(catalog.LICENSE_TEXTS, catalog.QUALITY_KEPT), outputs=(catalog.LICENSE,), settings=SETTINGS,
     gates=(every_file_decided,), tools={"scancode": shared_scanner},
     figures=("files_in", "files_out", "classes", "decisions", "origins", "expressions", "scancode_runs",
-             "scancode_cache_hits", "dep5"),
+             "scancode_cache_hits", "scancode_store_hits", "scancode_index_load_seconds", "dep5"),
 )
