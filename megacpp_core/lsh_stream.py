@@ -45,8 +45,8 @@ def inputs_digest(refs: Sequence) -> str:
 
 def key_group_pairs(keys: np.ndarray, rows: np.ndarray, limit: int) -> Iterator[np.ndarray]:
     """The pair codes ``i · 2^32 + j`` (``i < j``) of every two ``rows`` sharing a key of
-    ``keys`` (aligned ``uint64`` / ``int64`` arrays), in blocks of fewer than ``2 × limit``
-    plus one group's size codes:
+    ``keys`` (aligned ``uint64`` / ``int64`` arrays), in blocks of at most ``limit`` codes
+    (or one row of a group's triangle, when a group has more than ``limit`` members):
     pairs of two-row groups vectorized, larger groups a slice of their triangle at a time,
     so a key shared by many copies of one file never materializes all its pairs at once."""
     order = np.argsort(keys, kind="stable")
@@ -68,15 +68,15 @@ def key_group_pairs(keys: np.ndarray, rows: np.ndarray, limit: int) -> Iterator[
             per_row = size - 1 - np.arange(r0, size - 1)
             r1 = r0 + max(1, int(np.searchsorted(np.cumsum(per_row), limit, side="right")))
             counts = per_row[:r1 - r0]
+            if held and held + int(counts.sum()) > limit:  # blocks stay within ``limit`` (or one slice)
+                yield np.concatenate(pending)
+                pending, held = [], 0
             ii = np.repeat(np.arange(r0, r1), counts)
             jj = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + ii + 1
             pending.append((members[ii] << 32) | members[jj])
             held += len(ii)
             del ii, jj
             r0 = r1
-            if held >= limit:
-                yield np.concatenate(pending)
-                pending, held = [], 0
     if pending:
         yield np.concatenate(pending)
 
