@@ -8,6 +8,7 @@ fallback). Each failure reads ``<file>: <what is wrong> [<rule>]``. Run as
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -38,6 +39,10 @@ SCAN_CHUNK_TOKENS = 1 << 24
 SIDECAR_FORMAT = "megacpp-megatron-sidecar/1"
 _SIDECAR_STR_KEYS = ("tokenizer_path", "tokenizer_sha256", "documents_path",
                      "document_key_column", "document_text_column")
+#: Tokenizers document zero was decoded with in this process, by the sha256 of the file
+#: bytes they were parsed from (one at a time): parsing a 131,072-id tokenizer.json takes
+#: about 0.35 s, and a stage verifies its pair twice (before and after the commit).
+_TOKENIZERS: dict[str, object] = {}
 
 
 def sidecar_path(prefix: str | os.PathLike) -> Path:
@@ -135,6 +140,7 @@ def verify_megatron(
     out: Callable[[str], object] = print,
     tokenizer_sha256: str | None = None,
     require_checksums: bool = False,
+    tokenizer=None,
 ) -> VerifyReport:
     """Run the SPEC §7 gate on ``prefix.bin``/``prefix.idx``/``prefix.json``.
 
@@ -150,7 +156,12 @@ def verify_megatron(
 
     ``vocab_size`` defaults to the sidecar's; when given and different, that is a failure
     too and the given value is used. ``tokenizer_sha256``, when given, must equal the
-    sidecar's (a pair made with another tokenizer is refused). Checks whose inputs failed earlier are skipped and
+    sidecar's (a pair made with another tokenizer is refused). ``tokenizer``, with
+    ``tokenizer_sha256``: a ``tokenizers.Tokenizer`` the caller parsed from bytes of that
+    sha256 (the producing stage's own); document zero is decoded with it when the
+    sidecar's tokenizer file has exactly that sha256, instead of parsing the file again
+    (a tokenizer the gate parses itself is kept for its next call, by the sha256 of the
+    file bytes it was parsed from). Checks whose inputs failed earlier are skipped and
     listed in ``figures["skipped"]``. Never raises for bad data: every problem becomes a
     ``failures`` entry naming the file and the rule. ``out`` receives the progress lines.
     """
@@ -241,12 +252,16 @@ def verify_megatron(
         skip("token-range", "no readable tokens" if vocab_size is not None else "vocab_size unknown")
 
     tok_file = sidecar["tokenizer_path"] if sidecar else None
+    tok_bytes = tok_digest = None
     if tok_file is None:
         skip("tokenizer-sha256", "no sidecar")
     elif not tok_file.is_file():
         fail(tok_file, "tokenizer file named by the sidecar is missing", "tokenizer-sha256")
-    elif (digest := sha256_file(tok_file)) != sidecar["tokenizer_sha256"]:
-        fail(tok_file, f"sha256 {digest} != sidecar {sidecar['tokenizer_sha256']}", "tokenizer-sha256")
+    else:
+        tok_bytes = tok_file.read_bytes()  # hashed, then parsed from these very bytes
+        tok_digest = hashlib.sha256(tok_bytes).hexdigest()
+        if tok_digest != sidecar["tokenizer_sha256"]:
+            fail(tok_file, f"sha256 {tok_digest} != sidecar {sidecar['tokenizer_sha256']}", "tokenizer-sha256")
 
     doc0 = None
     if info is not None and bin_ok:
@@ -265,8 +280,9 @@ def verify_megatron(
         skip("bos", "index or .bin unusable")
 
     tok = None
-    if doc0 is not None and sidecar is not None and tok_file.is_file():
-        tok = _check_doc0(doc0, tok_file, sidecar, info.document_count, fail)
+    if doc0 is not None and sidecar is not None and tok_bytes is not None:
+        given = tokenizer if tokenizer is not None and tokenizer_sha256 == tok_digest else None
+        tok = _check_doc0(doc0, tok_file, tok_bytes, tok_digest, given, sidecar, info.document_count, fail)
     else:
         skip("doc0-roundtrip", "document zero, sidecar or tokenizer unavailable")
 
@@ -285,21 +301,38 @@ def verify_megatron(
     return report
 
 
-def _check_doc0(doc0: np.ndarray, tok_file: Path, sidecar: dict, n_docs: int,
+def _tokenizer(tok_bytes: bytes, digest: str, given=None):
+    """The tokenizer of the file bytes ``tok_bytes`` (sha256 ``digest``): ``given`` (parsed
+    by the caller from bytes of that digest), else the one parsed here earlier from bytes
+    of that digest, else parsed now and kept (only tokenizers parsed here are kept).
+    Raises whatever ``tokenizers`` raises for bad bytes."""
+    from tokenizers import Tokenizer
+
+    if given is not None:
+        return given
+    tok = _TOKENIZERS.get(digest)
+    if tok is None:
+        tok = Tokenizer.from_buffer(tok_bytes)
+        if hasattr(tok, "encode_special_tokens"):
+            tok.encode_special_tokens = True
+        _TOKENIZERS.clear()
+        _TOKENIZERS[digest] = tok
+    return tok
+
+
+def _check_doc0(doc0: np.ndarray, tok_file: Path, tok_bytes: bytes, digest: str, given, sidecar: dict, n_docs: int,
                 fail: Callable[[Path, str, str], None]):
-    """Decode document zero and compare it exactly with row 0 of the documents parquet.
+    """Decode document zero with the tokenizer of ``tok_file`` (its bytes ``tok_bytes``,
+    sha256 ``digest``; :func:`_tokenizer`) and compare it exactly with row 0 of the
+    documents parquet.
 
     Returns the loaded ``tokenizers.Tokenizer`` (or None when it cannot be loaded).
     """
-    from tokenizers import Tokenizer
-
     try:
-        tok = Tokenizer.from_file(str(tok_file))
+        tok = _tokenizer(tok_bytes, digest, given)
     except Exception as e:  # the tokenizers library raises its own exception types
         fail(tok_file, f"cannot load tokenizer: {e}", "doc0-roundtrip")
         return None
-    if hasattr(tok, "encode_special_tokens"):
-        tok.encode_special_tokens = True
     docs_file, col = sidecar["documents_path"], sidecar["document_text_column"]
     try:
         pf = pq.ParquetFile(docs_file)

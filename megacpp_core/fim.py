@@ -296,3 +296,71 @@ def apply_fim_all(docs: list[pack.PackInput], cfg: FimConfig, row_length: int,
     figs.update(fim_rate=cfg.rate, fim_spm_share=cfg.spm_share, fim_seed=cfg.seed,
                 fim_doc_comment_policy=cfg.doc_comment_policy)
     return out, figs
+
+
+#: Segments of one document in :func:`permute_ids`: BOS, the three markers and the three pieces.
+_SEGMENTS = 7
+
+
+def decide_all(doc_keys, lengths: np.ndarray, cfg: FimConfig, row_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mode, a, b)`` arrays for BOS-prefixed documents of ``lengths`` tokens (BOS
+    included): ``mode`` int8 0 (left whole), 1 (PSM) or 2 (SPM), the cuts of
+    :func:`decide` — exactly :func:`apply_fim`'s choice per document, a drawn document
+    whose markers would overflow ``row_length`` left whole. With ``rate == 0`` nothing is
+    drawn (no hashing)."""
+    n = np.asarray(lengths, dtype=np.int64)
+    mode, a, b = np.zeros(n.size, np.int8), np.zeros(n.size, np.int64), np.zeros(n.size, np.int64)
+    if cfg.rate <= 0:
+        return mode, a, b
+    for i, (key, m) in enumerate(zip(doc_keys, n.tolist())):
+        got, x, y = decide(key, m - 1, cfg)
+        if got != "none" and m + MARKERS <= row_length:
+            mode[i], a[i], b[i] = (1 if got == "psm" else 2), x, y
+    return mode, a, b
+
+
+def permute_ids(flat: np.ndarray, lengths: np.ndarray, doc_keys, cfg: FimConfig, row_length: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FIM's id moves for many BOS-prefixed documents at once, with numpy over the flat ids.
+
+    ``flat`` holds the documents' ids back to back (``lengths`` tokens each, BOS included),
+    ``doc_keys`` their keys. Returns ``(ids, lengths, drawn)``: the documents after FIM,
+    back to back, their lengths (3 more for a transformed document) and the bool mask of
+    the transformed ones. Each document's ids are exactly ``apply_fim(doc).doc.ids``
+    (:func:`decide_all`, :func:`permutation`, :func:`marker_ids`); only the ids move, so
+    the doc-comment policy (a loss mask) plays no part. Every document is cut into the
+    seven segments of its layout (whole, or BOS, markers and pieces) and all are gathered
+    with one index array."""
+    n = np.asarray(lengths, dtype=np.int64)
+    mode, a, b = decide_all(doc_keys, n, cfg, row_length)
+    drawn = mode > 0
+    if not drawn.any():
+        return flat, np.asarray(lengths), drawn
+    start = np.zeros(n.size, np.int64)
+    np.cumsum(n[:-1], out=start[1:])
+    src = np.zeros((n.size, _SEGMENTS), np.int64)  # first source token of each segment (0 for a marker)
+    size = np.zeros((n.size, _SEGMENTS), np.int64)
+    mark = np.full((n.size, _SEGMENTS), -1, np.int64)  # marker id, -1 for none
+    psm = mode == 1
+    body = start + 1
+    pieces = {"pre": (body, a), "mid": (body + a, b - a), "suf": (body + b, n - 1 - b)}
+    layout = {1: ("P", "pre", "S", "suf", "M", "mid"), 2: ("P", "S", "suf", "M", "pre", "mid")}
+    ids = {"P": FIM_PREFIX_ID, "S": FIM_SUFFIX_ID, "M": FIM_MIDDLE_ID}
+    src[:, 0], size[:, 0] = start, np.where(drawn, 1, n)
+    for col in range(1, _SEGMENTS):
+        for m, sel in ((1, psm), (2, mode == 2)):
+            what = layout[m][col - 1]
+            if what in ids:
+                size[sel, col], mark[sel, col] = 1, ids[what]
+            else:
+                src[sel, col], size[sel, col] = pieces[what][0][sel], pieces[what][1][sel]
+    src, size, mark = src.ravel(), size.ravel(), mark.ravel()
+    out_start = np.zeros(size.size, np.int64)
+    np.cumsum(size[:-1], out=out_start[1:])
+    take = np.repeat(src - out_start, size)
+    take += np.arange(take.size, dtype=np.int64)
+    out = np.asarray(flat)[take]
+    is_marker = mark >= 0
+    out[out_start[is_marker]] = mark[is_marker]
+    return out, n + MARKERS * drawn, drawn
+

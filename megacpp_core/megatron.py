@@ -139,6 +139,24 @@ class RawIndexedDatasetBuilder:
         """Mark the end of a document at the current sequence count."""
         self._document_indices.append(self._count)
 
+    def add_documents(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append ``len(lengths)`` sequences, each its own document, from their
+        concatenation ``tokens`` (1-D, cast unchecked to the builder dtype) in one write:
+        the bytes ``add_item`` then ``end_document`` per sequence give, without a Python
+        step per sequence (as in ``add_index``, sequences added since the last
+        ``end_document`` join the first of these documents). ``ValueError`` when
+        ``lengths`` (non-negative) do not add up to ``tokens.size``; nothing is written then."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        arr = np.ascontiguousarray(tokens, dtype=self.dtype)
+        if arr.ndim != 1 or lengths.ndim != 1 or (lengths.size and int(lengths.min()) < 0) or int(lengths.sum()) != arr.size:
+            raise ValueError(f"add_documents: {arr.size} tokens (shape {arr.shape}) do not split into lengths "
+                             f"summing to {int(lengths.sum())}")
+        self._bin.write(arr)
+        self._flush()
+        self._length_chunks.append(lengths.astype(np.int32))
+        self._document_chunks.append(np.arange(self._count + 1, self._count + lengths.size + 1, dtype=np.int64))
+        self._count += lengths.size
+
     def add_index(self, path_prefix: str | os.PathLike) -> None:
         """Append the whole dataset ``path_prefix.bin``/``.idx`` (megatron-core's ``add_index``).
 

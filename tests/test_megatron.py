@@ -402,3 +402,40 @@ def test_merge_into_one_of_its_inputs(tmp_path):
     shards = write_shards(tmp_path, [docs[:6], docs[6:]], 300)
     merge_indexed_datasets(shards, shards[0], 300)
     assert pair_bytes(shards[0]) == pair_bytes(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("vocab_size,dtype", CASES)
+def test_add_documents_equals_megatron_builder_per_document(tmp_path, vocab_size, dtype):
+    """Whole arrays per group of documents (an empty one among them) give the bytes of
+    megatron-core's builder fed one add_item + end_document per document; an item added
+    before, without end_document, joins the first appended document there too."""
+    docs = random_docs(vocab_size, n=40, seed=8)
+    builder_reference(str(tmp_path / "ref"), docs, dtype)
+    raw = RawIndexedDatasetBuilder(tmp_path / "raw.bin", dtype)
+    for group in (docs[:1], docs[1:3], [], docs[3:25], docs[25:]):
+        flat = np.concatenate(group) if group else np.zeros(0, np.uint32)
+        raw.add_documents(flat, [d.size for d in group])
+    raw.finalize(tmp_path / "raw.idx")
+    assert pair_bytes(tmp_path / "raw") == pair_bytes(tmp_path / "ref")
+
+    raw = RawIndexedDatasetBuilder(tmp_path / "mid.bin", np.uint16)
+    mc = indexed_dataset.IndexedDatasetBuilder(str(tmp_path / "mc.bin"), dtype=np.uint16)
+    raw.add_item(np.array([2, 7]))
+    raw.add_documents(np.array([2, 5, 2, 6, 6], np.uint32), [2, 3])
+    mc.add_item(torch.tensor([2, 7]))
+    for seq in ([2, 5], [2, 6, 6]):
+        mc.add_item(torch.tensor(seq))
+        mc.end_document()
+    raw.finalize(tmp_path / "mid.idx")
+    mc.finalize(str(tmp_path / "mc.idx"))
+    assert pair_bytes(tmp_path / "mid") == pair_bytes(tmp_path / "mc")
+    np.testing.assert_array_equal(read_index(tmp_path / "mid.idx").document_indices, [0, 2, 3])
+
+
+def test_add_documents_rejects_lengths_that_do_not_split_the_tokens(tmp_path):
+    raw = RawIndexedDatasetBuilder(tmp_path / "x.bin", np.int32)
+    for tokens, lengths in (([1, 2, 3], [1, 1]), ([1, 2], [3, -1]), ([[1, 2]], [2])):
+        with pytest.raises(ValueError, match="do not split"):
+            raw.add_documents(np.array(tokens), lengths)
+    raw.finalize(tmp_path / "x.idx")
+    assert (tmp_path / "x.bin").stat().st_size == 0 and read_index(tmp_path / "x.idx").sequence_count == 0

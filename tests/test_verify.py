@@ -184,3 +184,41 @@ def test_bin_scan_in_small_chunks_finds_the_same_failures(tmp_path, tokenizer_fi
     assert f"token id {DECLARED_VOCAB + 9} >= vocab_size {DECLARED_VOCAB} at token {bos[2] + 3} (sequence 2)" in text, text
     monkeypatch.setattr(v, "SCAN_CHUNK_TOKENS", 1 << 24)
     assert verify_megatron(prefix).failures == report.failures
+
+
+class _WrongTokenizer:
+    """Decodes every id sequence to the same text."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "not the source"
+
+
+def test_doc0_decoded_with_the_given_tokenizer_only_at_its_sha256(tmp_path, tokenizer_file):
+    """A tokenizer handed in by the producing stage decodes document zero when the
+    sidecar's tokenizer file has the sha256 it is given with (a wrong one is caught);
+    without that sha256, or at another one, the gate parses the file itself."""
+    prefix = build(tmp_path, tokenizer_file)
+    sha = sha256_file(tokenizer_file)
+    report = verify_megatron(prefix, out=lambda _: None, tokenizer_sha256=sha, tokenizer=_WrongTokenizer())
+    assert not report.ok and any("row 0 differs from decoded document zero" in f for f in report.failures)
+    assert verify_megatron(prefix, out=lambda _: None, tokenizer=_WrongTokenizer()).ok
+    other = verify_megatron(prefix, out=lambda _: None, tokenizer_sha256="0" * 64, tokenizer=_WrongTokenizer())
+    assert [f.rsplit("[", 1)[1] for f in other.failures] == ["tokenizer-sha256]"]
+
+
+def test_gate_parses_a_tokenizer_once_per_file_bytes(tmp_path, tokenizer_file, monkeypatch):
+    """The gate keeps the tokenizer it parsed by the sha256 of the file bytes: the next
+    call on the same bytes decodes with it, other bytes are parsed anew."""
+    from megacpp_checks import verify as v
+
+    monkeypatch.setattr(v, "_TOKENIZERS", {})
+    prefix = build(tmp_path, tokenizer_file)
+    sha = sha256_file(tokenizer_file)
+    assert verify_megatron(prefix, out=lambda _: None).ok and list(v._TOKENIZERS) == [sha]
+    v._TOKENIZERS[sha] = _WrongTokenizer()  # what the next call on those bytes decodes with
+    assert any("row 0 differs" in f for f in verify_megatron(prefix, out=lambda _: None).failures)
+    copy = tmp_path / "tok2" / "tokenizer.json"
+    copy.parent.mkdir()
+    copy.write_bytes(tokenizer_file.read_bytes() + b"\n")
+    assert verify_megatron(build(tmp_path / "other", copy), out=lambda _: None).ok
+    assert list(v._TOKENIZERS) == [sha256_file(copy)]

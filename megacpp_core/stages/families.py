@@ -92,7 +92,8 @@ def _compute(family: families.Family, ctx) -> Result:
                          extra={"export_level": "document", "family": family.name, "phase": family.phase,
                                 "row_length": s.row_length, "bin_sha256": written["bin_sha256"],
                                 "idx_sha256": written["idx_sha256"], "documents_sha256": sha256_file(docs_file)})
-    report = verify.verify_megatron(prefix, out=lambda m: None, tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"])
+    report = verify.verify_megatron(prefix, out=lambda m: None, tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"],
+                                    tokenizer=tok)
     if not report.ok:
         raise StageError(f"verify gate failed for {name}: {'; '.join(report.failures)}")
     figures = {"family": family.name, "phase": family.phase, "row_length": s.row_length, "docs": summary["docs"],
@@ -148,12 +149,14 @@ def row_contract(g):
 
 
 def verify_gate(g):
-    """SPEC §7 verify gate on the family's committed ``.bin/.idx``."""
+    """SPEC §7 verify gate on the family's committed ``.bin/.idx`` (document zero decoded
+    with the stage's tokenizer when the committed ``tokenizer.json`` has its sha256)."""
     f = g.figures
     stem = f["megatron_prefix"].rsplit("/", 1)[-1]
     with g.output(catalog.FAMILY_MEGATRON[g.ctx.stage.name].name).local() as d:
         report = verify.verify_megatron(d / stem, out=lambda m: None, tokenizer_sha256=f["tokenizer_sha256"],
-                                        vocab_size=f["vocab_size"], require_checksums=True)
+                                        vocab_size=f["vocab_size"], require_checksums=True,
+                                        tokenizer=megatron_export.gate_tokenizer(g.ctx, f["tokenizer_sha256"]))
     return report.ok, "; ".join(report.failures) or "verify passed"
 
 

@@ -10,24 +10,25 @@ documents parquet (the text of each sequence), ``tokenizer.json`` and the sideca
 scratch space (fail closed), then committed; the gate verifies the committed copy again.
 
 ``settings.megatron_export``: ``"document"`` (default) writes one sequence per document
-exactly as it enters the rows (after FIM): one ``.bin/.idx`` part per ``tokenized`` shard
-(memory is one shard), merged in shard order with ``add_index`` (the raw writer's,
-byte-identical to megatron-core's ``IndexedDatasetBuilder.add_index``; see
-:data:`megacpp_core.megatron_export.MERGE_BACKEND`, :func:`megacpp_core.megatron_export.document_level`) —
+exactly as it enters the rows (after FIM), each ``tokenized`` shard as whole arrays
+appended to the pair in one write (memory is one shard; the raw writer, byte-identical to
+megatron-core's ``IndexedDatasetBuilder``; see :func:`megacpp_core.megatron_export.document_level`) —
 the same sequences whatever the number of shards, in an order that follows the shards;
 ``"row"`` writes every packed row (all L tokens, train then validation) as one sequence,
 for ``GPTDataset`` with ``sequence_length = L`` and ``add_extra_token_to_sequence=False``.
+The verify gate decodes document zero with the stage's own tokenizer when the committed
+``tokenizer.json`` has its sha256 (:func:`megacpp_checks.verify.verify_megatron`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from megacpp_checks import verify
 
 from .. import catalog, megatron, megatron_export, pack, pack_inputs, snapshot_tokenizer
-from .. import tokenizer as tk
 from ..stage import Files, Partitioning, Result, Stage, StageError
 from ..tables import ParquetStream, sha256_file
 
@@ -50,13 +51,19 @@ def _document_level(ctx, tok, info: dict, d, prefix, docs_out: ParquetStream) ->
 
 def _row_level(tok, info: dict, packed, sentinel: dict, d, prefix, docs_out: ParquetStream) -> dict:
     """Every packed row (all L tokens, train then validation) as one sequence, one packed
-    file at a time."""
-    seqs, keys = [], []
+    file at a time, its ids as one flat array (each row's text decoded from its ids but
+    the first, :func:`megacpp_core.megatron_export.decoded_texts`)."""
+    seqs, keys, texts = [], [], []
     for f in sentinel["files"]:
         t = packed.read_member(f["file"], columns=["pack_id", "input_ids"])
-        seqs += [np.asarray(x, dtype=np.uint32) for x in t.column("input_ids").to_pylist()]
+        col = t.column("input_ids").combine_chunks()
+        flat = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.uint32, copy=False)
+        lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        seqs += np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
         keys += [f"row-{p}" for p in t.column("pack_id").to_pylist()]
-    docs_out.write(pa.table({"doc_key": keys, "text": pa.array([tk.decode(tok, q[1:]) for q in seqs], pa.large_string())}))
+        texts.append(megatron_export.decoded_texts(flat, lengths, tok, info["sha256"]))
+    docs_out.write(pa.table({"doc_key": pa.array(keys, pa.string()),
+                             "text": pa.concat_arrays(texts) if texts else pa.array([], pa.large_string())}))
     written = megatron.write_indexed_dataset(prefix, iter(seqs), info["vocab_size"])
     written["parts"] = 1
     return written
@@ -88,7 +95,8 @@ def compute(ctx) -> Result:
                                                           "idx_sha256": written["idx_sha256"],
                                                           "documents_sha256": sha256_file(docs_file)})
     lines: list[str] = []
-    report = verify.verify_megatron(prefix, out=lines.append, tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"])
+    report = verify.verify_megatron(prefix, out=lines.append, tokenizer_sha256=info["sha256"], vocab_size=info["vocab_size"],
+                                    tokenizer=tok)
     if not report.ok:
         raise StageError(f"verify gate failed for {name}: {'; '.join(report.failures)}")
     files = {p.name: p for p in d.iterdir() if p.is_file()}
@@ -99,13 +107,16 @@ def compute(ctx) -> Result:
 
 
 def verify_gate(g):
-    """SPEC §7 verify gate on the committed ``.bin/.idx`` (copied locally from an object store)."""
+    """SPEC §7 verify gate on the committed ``.bin/.idx`` (copied locally from an object
+    store); document zero is decoded with the snapshot tokenizer the stage parsed when the
+    committed ``tokenizer.json`` has its sha256."""
     f = g.figures
     name = f["prefix"].rsplit("/", 1)[-1]
     lines: list[str] = []
     with g.output("megatron").local() as d:
         report = verify.verify_megatron(d / name, out=lines.append, tokenizer_sha256=f["tokenizer_sha256"],
-                                        vocab_size=f["vocab_size"], require_checksums=True)
+                                        vocab_size=f["vocab_size"], require_checksums=True,
+                                        tokenizer=megatron_export.gate_tokenizer(g.ctx, f["tokenizer_sha256"]))
     return report.ok, "; ".join(report.failures) or "verify passed"
 
 
