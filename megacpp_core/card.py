@@ -152,14 +152,24 @@ def render_card(root: DataRoot, manifest: Manifest) -> str:
                           layout.read_figures(root, manifest.name, "blends") or {})
     if any(fam.values()):
         L += ["", "### Plots"] + [x for k, t in PLOT_TITLES.items() for x in ("", f"![{t}](plots/{k}.png)")]
-    L += ["", "## Wall time per stage (seconds)", "", "| stage | seconds |", "|---|---:|"]
+    L += ["", "## Wall time and peak memory per stage", "",
+          "Seconds summed over the stage's partitions; peak RSS is the largest of its steps "
+          "(one process's VmHWM over compute, commit and gates).", "",
+          "| stage | seconds | peak RSS (MB) |", "|---|---:|---:|"]
+
+    def row(name: str, figs: list[dict | None]) -> str:
+        figs = [f for f in figs if f]
+        rss = [f["max_rss_mb"] for f in figs if isinstance(f.get("max_rss_mb"), (int, float))]
+        return (f"| {name} | {sum(f.get('wall_seconds', 0) for f in figs):.1f} | "
+                f"{f'{max(rss):,.0f}' if rss else '—'} |")
+
     for st in REVISION_STAGES:
-        L.append(f"| {st} (all revisions) | {sum((rev[st][s.name] or {}).get('wall_seconds', 0) for s in manifest.sources):.1f} |")
+        L.append(row(f"{st} (all revisions)", [rev[st][s.name] for s in manifest.sources]))
     for st in SNAPSHOT_STAGES:
-        L.append(f"| {st} | {(snap[st] or {}).get('wall_seconds', 0):.1f} |")
+        L.append(row(st, [snap[st]]))
     for name, f in fam.items():
         if f:
-            L.append(f"| {name} | {f.get('wall_seconds', 0):.1f} |")
+            L.append(row(name, [f]))
     return "\n".join(L) + "\n"
 
 

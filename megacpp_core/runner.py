@@ -36,7 +36,7 @@ from .manifest import Manifest, Source
 from .stage import (Dataset, Files, Kind, Partition, Partitioning, PerShard, Result, SettingsView, Shards, Stage, StageError,
                     Verdict)
 from .storage import DataRoot, MissingOutputError, Written
-from .tables import release_memory
+from .tables import peak_rss_mb, release_memory, reset_peak_rss
 
 log = logging.getLogger("megacpp.pipeline")
 
@@ -430,6 +430,7 @@ def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
     fig_key = layout.figures_key(partition.snapshot, stage.name, partition.source, partition.shard)
     root.delete(fig_key)  # no stale figures
     written: dict[str, list[Written]] = {}
+    ran = False
     shards = (revision_shards(root, partition.snapshot, partition.source)
               if partition.partitioning is Partitioning.REVISION_SHARD else None)
     if shards is not None and partition.shard not in shards:
@@ -441,6 +442,9 @@ def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
         checks = {c: (True, f"stage {stage.name} is off for this snapshot (settings.{stage.enabled}: false)")
                   for c in stage.check_names}
     else:
+        ran = True
+        release_memory()
+        reset_peak_rss()
         result = stage.compute(ctx)
         release_memory()
         got, want = set(result.outputs), {d.name for d in stage.outputs}
@@ -463,13 +467,16 @@ def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
                 checks[d.schema_check] = _schema_verdict(root, d, partition, result.outputs[d.name])
     figures = dict(result.figures)
     figures["wall_seconds"] = round(time.perf_counter() - t0, 3)
+    if ran:
+        figures["max_rss_mb"] = peak_rss_mb()  # the step's own process: compute, commit and gates
     if shards is None or partition.shard in shards:
         root.write_json(fig_key, figures)
     res = StageResult(stage.name, partition, written, figures, checks, data_version(written),
                       settings_fingerprint(stage, manifest, partition))
     brief = ", ".join(f"{k}={figures[k]}" for k in ("files", "files_out", "documents", "tokens", "rows", "vocab_size")
                       if isinstance(figures.get(k), int))
-    log.info("%-12s %-28s %7.1fs  %s", stage.name, partition.key, figures["wall_seconds"], brief)
+    rss = f"{figures['max_rss_mb']:7.0f} MB" if figures.get("max_rss_mb") is not None else " " * 10
+    log.info("%-12s %-28s %7.1fs %s  %s", stage.name, partition.key, figures["wall_seconds"], rss, brief)
     return res
 
 

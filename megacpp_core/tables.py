@@ -52,6 +52,34 @@ def release_memory() -> None:
         _TRIM(0)
 
 
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set size (``VmHWM``) to its current RSS.
+
+    Writes ``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0, proc(5)); returns False where
+    that is not possible (another OS, a read-only /proc), in which case :func:`peak_rss_mb`
+    reports the peak since the process started."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident set size in MB (10**6 bytes) since the last
+    :func:`reset_peak_rss`: ``VmHWM`` of ``/proc/self/status``; None where /proc is absent.
+    Child processes (a pool a stage starts) are not included."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) * 1024 / 1e6, 1)
+    except OSError:
+        return None
+    return None
+
+
 def _leaf_paths(name: str, type_: pa.DataType) -> list[str]:
     """The parquet column paths of one arrow field: ``a`` for a primitive, ``a.list.element``
     for a list (compliant nested types), ``a.x`` for a struct's children, ``a.key_value.key``

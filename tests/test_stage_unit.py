@@ -148,3 +148,19 @@ def test_outputs_are_removed_before_a_stage_recomputes(tmp_path):
     with pytest.raises(StageError):
         run_stage(dataclasses.replace(stage, compute=fails), root, m, part)
     assert not root.exists(key)
+
+
+def test_each_step_reports_its_own_peak_rss(tiny_root):
+    """``max_rss_mb`` is the step's own peak: a step that holds 200 MB reports at least that,
+    and the next, small step in the same process reports less (the peak is reset per step)."""
+    import numpy as np
+    import pyarrow as pa
+
+    def big(ctx):
+        a = np.ones(200_000_000 // 8)  # 200 MB, touched
+        return Result({"probe": pa.table({"x": [float(a.sum())]})})
+
+    root, m, part = DataRoot(tiny_root[0]), load_manifest("tiny"), Partition("tiny", "lz4-4.4.5", "000")
+    heavy = run_stage(_tiny_stage(big), root, m, part).figures["max_rss_mb"]
+    light = run_stage(_tiny_stage(lambda ctx: Result({"probe": pa.table({"x": [1.0]})})), root, m, part).figures["max_rss_mb"]
+    assert heavy >= 200 and 0 < light < heavy - 150, (light, heavy)
