@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from .. import catalog, chunk, snapshot_tokenizer
+from .. import catalog, chunk, snapshot_tokenizer, span_count
 from .. import kept as kept_files
 from .. import tokenizer as tk
 from ..pack import CHUNK_TYPE, EDGE_TYPE, PLATFORM_TYPE
@@ -73,6 +73,82 @@ def semantic_unit_edges(ctx) -> tuple[dict[str, dict[str, set]], dict]:
     return out, {"semantic_graph": True, "semantic_covered_files": len(out)}
 
 
+def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool,
+               lane_edges: dict[str, dict[str, set]] | None = None) -> tuple[dict[str, list], dict]:
+    """The documents of the kept files ``d`` (columns of :func:`kept.shard_kept` as lists):
+    ``(columns, tallies)``. Columns are those of :data:`DOCUMENTS_SCHEMA`, plus
+    :data:`ENRICHED_COLUMNS` when ``enriching``; tallies count parse-error, brace-fallback
+    and split files, fallback splits, documents with the lane's edges and the enrichment's
+    seconds. ``bench/enrich.py`` times this function against tree-sitter's parse.
+
+    Each file is parsed once; its enrichment walk runs first, since its walk over every
+    node also tells the splitter whether the tree has ERROR nodes. Every whole file is
+    counted first in one parallel batch (ids only, no offsets), and most fit whole; the
+    ids of a file over ``budget`` are kept and its spans are counted from them
+    (:class:`~megacpp_core.span_count.SpanCounter`), encoding only each span's ends.
+    """
+    from .. import enrich, platforms
+
+    lane_edges = lane_edges or {}
+    cols: dict[str, list] = {f.name: [] for f in DOCUMENTS_SCHEMA}
+    if enriching:
+        cols.update({f.name: [] for f in ENRICHED_COLUMNS})
+    tally = {"parse_errors": 0, "brace_files": 0, "fallback_splits": 0, "split_files": 0, "lane_docs": 0,
+             "enrich_seconds": 0.0}
+    tk._require_literal_specials(tok)
+    whole_counts: list[int] = []
+    over: dict[int, np.ndarray] = {}
+    for b in range(0, len(d["text"]), 4096):  # batches: keep the lengths, not the encodings
+        for k, e in enumerate(tok.encode_batch_fast(d["text"][b:b + 4096], add_special_tokens=False)):
+            whole_counts.append(len(e))
+            if len(e) > budget:
+                over[b + k] = np.asarray(e.ids, dtype=np.uint32)
+    margin, lengths, prefixes = span_count.prepare(tok, tokenizer_sha256) if over else (None, None, frozenset())
+    current: list = [None, 0]
+
+    def counter(text: str) -> int:
+        if text is current[0]:
+            return current[1]
+        return tk.count_tokens(tok, text)
+
+    for i, text in enumerate(d["text"]):
+        key, language = d["doc_key"][i], d["language"][i]
+        current[:] = [text, whole_counts[i]]
+        parsed = chunk.parse_source(text, language) if text else None
+        if enriching and text:
+            te = time.perf_counter()
+            fe = enrich.enrich_file(text, language, parsed)
+            tally["enrich_seconds"] += time.perf_counter() - te
+        spans = span_count.SpanCounter(tok, text, over.pop(i), lengths, margin, prefixes) if i in over else None
+        chunks, stats = chunk.split_document_with_stats(text, language, counter, budget, key, parsed, spans)
+        tally["parse_errors"] += bool(stats.get("parse_errors"))
+        tally["brace_files"] += bool(stats.get("brace_fallback"))
+        tally["fallback_splits"] += int(stats.get("fallback_splits", 0))
+        tally["split_files"] += len(chunks) > 1
+        for j, c in enumerate(chunks):
+            doc_text = text[c.start:c.end]
+            for name, value in (("doc_key", f"{key}#{j}"), ("file_key", key),
+                                ("source", d["source"][i]), ("path", d["path"][i]), ("revision", d["archive_sha256"][i]),
+                                ("language", language), ("license_class", d["license_class"][i]),
+                                ("chunk_index", j), ("n_chunks", len(chunks)), ("start", c.start), ("end", c.end),
+                                ("kind", c.kind), ("name", c.name), ("n_text_tokens", c.n_tokens),
+                                ("bucket", chunk.bucket_for(c.n_tokens + 1)), ("text", doc_text)):
+                cols[name].append(value)
+            if enriching:
+                te = time.perf_counter()
+                override = lane_edges.get(key)
+                de = enrich.document_enrichment(fe, c.start, c.end, override)
+                tally["lane_docs"] += override is not None
+                cols["char_chunk_boundaries"].append(de.chunks)
+                cols["call_edges"].append(de.call_edges)
+                cols["type_edges"].append(de.type_edges)
+                cols["platform_ids"].append(platforms.scan_platforms(doc_text))
+                for name, plane in de.planes.items():
+                    cols[f"char_{name}"].append(plane)
+                tally["enrich_seconds"] += time.perf_counter() - te
+    return cols, tally
+
+
 def compute(ctx) -> Result:
     from .. import ast_types, enrich, platforms
 
@@ -86,60 +162,13 @@ def compute(ctx) -> Result:
     if enriching:
         for f in ENRICHED_COLUMNS:
             schema = schema.append(f)
-    cols = {f.name: [] for f in schema}
-    parse_errors = fallback = brace_files = split_files = 0
-    enrich_seconds = 0.0
     if enriching and s.semantic_graph:
         lane_edges, lane_figs = semantic_unit_edges(ctx)
     else:
         lane_edges, lane_figs = {}, {"semantic_graph": False}
-    lane_docs = 0
-    # every whole file is counted first in one parallel batch; most files fit whole
-    tk._require_literal_specials(tok)
-    whole_counts: list[int] = []
-    for b in range(0, len(d["text"]), 4096):  # batches: keep the lengths, not the encodings
-        whole_counts.extend(len(e.ids) for e in tok.encode_batch(d["text"][b:b + 4096], add_special_tokens=False))
-    current: list = [None, 0]
-
-    def counter(text: str) -> int:
-        if text is current[0]:
-            return current[1]
-        return tk.count_tokens(tok, text)
-
-    for i in range(kept.num_rows):
-        text = d["text"][i]
-        current[:] = [text, whole_counts[i]]
-        parsed = chunk.parse_source(text, d["language"][i]) if text else None
-        chunks, stats = chunk.split_document_with_stats(text, d["language"][i], counter, budget, d["doc_key"][i], parsed)
-        parse_errors += bool(stats.get("parse_errors"))
-        brace_files += bool(stats.get("brace_fallback"))
-        fallback += int(stats.get("fallback_splits", 0))
-        split_files += len(chunks) > 1
-        if enriching and chunks:
-            te = time.perf_counter()
-            fe = enrich.enrich_file(text, d["language"][i], parsed)
-            enrich_seconds += time.perf_counter() - te
-        for j, c in enumerate(chunks):
-            doc_text = text[c.start:c.end]
-            for name, value in (("doc_key", f"{d['doc_key'][i]}#{j}"), ("file_key", d["doc_key"][i]),
-                                ("source", d["source"][i]), ("path", d["path"][i]), ("revision", d["archive_sha256"][i]),
-                                ("language", d["language"][i]), ("license_class", d["license_class"][i]),
-                                ("chunk_index", j), ("n_chunks", len(chunks)), ("start", c.start), ("end", c.end),
-                                ("kind", c.kind), ("name", c.name), ("n_text_tokens", c.n_tokens),
-                                ("bucket", chunk.bucket_for(c.n_tokens + 1)), ("text", doc_text)):
-                cols[name].append(value)
-            if enriching:
-                te = time.perf_counter()
-                override = lane_edges.get(d["doc_key"][i])
-                de = enrich.document_enrichment(fe, c.start, c.end, override)
-                lane_docs += override is not None
-                cols["char_chunk_boundaries"].append(de.chunks)
-                cols["call_edges"].append(de.call_edges)
-                cols["type_edges"].append(de.type_edges)
-                cols["platform_ids"].append(platforms.scan_platforms(doc_text))
-                for name, plane in de.planes.items():
-                    cols[f"char_{name}"].append(plane)
-                enrich_seconds += time.perf_counter() - te
+    cols, tally = chunk_rows(d, tok, info["sha256"], budget, enriching, lane_edges)
+    parse_errors, brace_files, fallback = tally["parse_errors"], tally["brace_files"], tally["fallback_splits"]
+    split_files, lane_docs, enrich_seconds = tally["split_files"], tally["lane_docs"], tally["enrich_seconds"]
     table = pa.table(cols, schema=schema).replace_schema_metadata({TOKENIZER_KEY: info["sha256"].encode()})
     if lane_edges:  # the covered files of this shard (the lane covers the whole revision)
         lane_figs["semantic_covered_files"] = sum(1 for k in d["doc_key"] if k in lane_edges)
