@@ -78,8 +78,8 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     """The documents of the kept files ``d`` (columns of :func:`kept.shard_kept` as lists):
     ``(columns, tallies)``. Columns are those of :data:`DOCUMENTS_SCHEMA`, plus
     :data:`ENRICHED_COLUMNS` when ``enriching``; tallies count parse-error, brace-fallback
-    and split files, fallback splits, documents with the lane's edges and the enrichment's
-    seconds. ``bench/enrich.py`` times this function against tree-sitter's parse.
+    and split files, fallback splits, documents with the lane's edges, the enrichment's
+    seconds and the characters the span counters encoded. ``bench/enrich.py`` times this function against tree-sitter's parse.
 
     Each file is parsed once; its enrichment walk runs first, since its walk over every
     node also tells the splitter whether the tree has ERROR nodes. Every whole file is
@@ -94,7 +94,7 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     if enriching:
         cols.update({f.name: [] for f in ENRICHED_COLUMNS})
     tally = {"parse_errors": 0, "brace_files": 0, "fallback_splits": 0, "split_files": 0, "lane_docs": 0,
-             "enrich_seconds": 0.0}
+             "enrich_seconds": 0.0, "span_encoded_chars": 0}
     tk._require_literal_specials(tok)
     whole_counts: list[int] = []
     over: dict[int, np.ndarray] = {}
@@ -125,6 +125,7 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
         tally["brace_files"] += bool(stats.get("brace_fallback"))
         tally["fallback_splits"] += int(stats.get("fallback_splits", 0))
         tally["split_files"] += len(chunks) > 1
+        tally["span_encoded_chars"] += spans.encoded_chars if spans is not None else 0
         for j, c in enumerate(chunks):
             doc_text = text[c.start:c.end]
             for name, value in (("doc_key", f"{key}#{j}"), ("file_key", key),
