@@ -79,12 +79,14 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     ``(columns, tallies)``. Columns are those of :data:`DOCUMENTS_SCHEMA`, plus
     :data:`ENRICHED_COLUMNS` when ``enriching``; tallies count parse-error, brace-fallback
     and split files, fallback splits, documents with the lane's edges, the enrichment's
-    seconds and the characters the span counters encoded. ``bench/enrich.py`` times this function against tree-sitter's parse.
+    seconds and the characters the span counters encoded. ``bench/enrich.py`` times this
+    function against tree-sitter's parse.
 
     Each file is parsed once; its enrichment walk runs first, since its walk over every
-    node also tells the splitter whether the tree has ERROR nodes. Every whole file is
-    counted first in one parallel batch (ids only, no offsets), and most fit whole; the
-    ids of a file over ``budget`` are kept and its spans are counted from them
+    node also tells the splitter whether the tree has ERROR nodes. Whole files are encoded
+    (ids only, no offsets) in batches by a background thread meanwhile
+    (:class:`_WholeCounts`), and most fit whole; the ids of a file over ``budget`` are
+    kept and its spans are counted from them
     (:class:`~megacpp_core.span_count.SpanCounter`), encoding only each span's ends.
     """
     from .. import enrich, platforms
@@ -96,14 +98,8 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     tally = {"parse_errors": 0, "brace_files": 0, "fallback_splits": 0, "split_files": 0, "lane_docs": 0,
              "enrich_seconds": 0.0, "span_encoded_chars": 0}
     tk._require_literal_specials(tok)
-    whole_counts: list[int] = []
-    over: dict[int, np.ndarray] = {}
-    for b in range(0, len(d["text"]), 4096):  # batches: keep the lengths, not the encodings
-        for k, e in enumerate(tok.encode_batch_fast(d["text"][b:b + 4096], add_special_tokens=False)):
-            whole_counts.append(len(e))
-            if len(e) > budget:
-                over[b + k] = np.asarray(e.ids, dtype=np.uint32)
-    margin, lengths, prefixes = span_count.prepare(tok, tokenizer_sha256) if over else (None, None, frozenset())
+    whole = _WholeCounts(tok, d["text"], budget)
+    prepared: tuple = ()
     current: list = [None, 0]
 
     def counter(text: str) -> int:
@@ -111,43 +107,106 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
             return current[1]
         return tk.count_tokens(tok, text)
 
-    for i, text in enumerate(d["text"]):
-        key, language = d["doc_key"][i], d["language"][i]
-        current[:] = [text, whole_counts[i]]
-        parsed = chunk.parse_source(text, language) if text else None
-        if enriching and text:
-            te = time.perf_counter()
-            fe = enrich.enrich_file(text, language, parsed)
-            tally["enrich_seconds"] += time.perf_counter() - te
-        spans = span_count.SpanCounter(tok, text, over.pop(i), lengths, margin, prefixes) if i in over else None
-        chunks, stats = chunk.split_document_with_stats(text, language, counter, budget, key, parsed, spans)
-        tally["parse_errors"] += bool(stats.get("parse_errors"))
-        tally["brace_files"] += bool(stats.get("brace_fallback"))
-        tally["fallback_splits"] += int(stats.get("fallback_splits", 0))
-        tally["split_files"] += len(chunks) > 1
-        tally["span_encoded_chars"] += spans.encoded_chars if spans is not None else 0
-        for j, c in enumerate(chunks):
-            doc_text = text[c.start:c.end]
-            for name, value in (("doc_key", f"{key}#{j}"), ("file_key", key),
-                                ("source", d["source"][i]), ("path", d["path"][i]), ("revision", d["archive_sha256"][i]),
-                                ("language", language), ("license_class", d["license_class"][i]),
-                                ("chunk_index", j), ("n_chunks", len(chunks)), ("start", c.start), ("end", c.end),
-                                ("kind", c.kind), ("name", c.name), ("n_text_tokens", c.n_tokens),
-                                ("bucket", chunk.bucket_for(c.n_tokens + 1)), ("text", doc_text)):
-                cols[name].append(value)
-            if enriching:
+    try:
+        for i, text in enumerate(d["text"]):
+            key, language = d["doc_key"][i], d["language"][i]
+            parsed = chunk.parse_source(text, language) if text else None
+            if enriching and text:
                 te = time.perf_counter()
-                override = lane_edges.get(key)
-                de = enrich.document_enrichment(fe, c.start, c.end, override)
-                tally["lane_docs"] += override is not None
-                cols["char_chunk_boundaries"].append(de.chunks)
-                cols["call_edges"].append(de.call_edges)
-                cols["type_edges"].append(de.type_edges)
-                cols["platform_ids"].append(platforms.scan_platforms(doc_text))
-                for name, plane in de.planes.items():
-                    cols[f"char_{name}"].append(plane)
+                fe = enrich.enrich_file(text, language, parsed)
                 tally["enrich_seconds"] += time.perf_counter() - te
+            n_whole, ids = whole.get(i)  # after parsing and enriching, so the encoding runs alongside
+            current[:] = [text, n_whole]
+            spans = None
+            if ids is not None:
+                margin, lengths, prefixes = prepared = prepared or span_count.prepare(tok, tokenizer_sha256)
+                spans = span_count.SpanCounter(tok, text, ids, lengths, margin, prefixes)
+            chunks, stats = chunk.split_document_with_stats(text, language, counter, budget, key, parsed, spans)
+            tally["parse_errors"] += bool(stats.get("parse_errors"))
+            tally["brace_files"] += bool(stats.get("brace_fallback"))
+            tally["fallback_splits"] += int(stats.get("fallback_splits", 0))
+            tally["split_files"] += len(chunks) > 1
+            tally["span_encoded_chars"] += spans.encoded_chars if spans is not None else 0
+            for j, c in enumerate(chunks):
+                doc_text = text[c.start:c.end]
+                for name, value in (("doc_key", f"{key}#{j}"), ("file_key", key),
+                                    ("source", d["source"][i]), ("path", d["path"][i]), ("revision", d["archive_sha256"][i]),
+                                    ("language", language), ("license_class", d["license_class"][i]),
+                                    ("chunk_index", j), ("n_chunks", len(chunks)), ("start", c.start), ("end", c.end),
+                                    ("kind", c.kind), ("name", c.name), ("n_text_tokens", c.n_tokens),
+                                    ("bucket", chunk.bucket_for(c.n_tokens + 1)), ("text", doc_text)):
+                    cols[name].append(value)
+                if enriching:
+                    te = time.perf_counter()
+                    override = lane_edges.get(key)
+                    de = enrich.document_enrichment(fe, c.start, c.end, override)
+                    tally["lane_docs"] += override is not None
+                    cols["char_chunk_boundaries"].append(de.chunks)
+                    cols["call_edges"].append(de.call_edges)
+                    cols["type_edges"].append(de.type_edges)
+                    cols["platform_ids"].append(platforms.scan_platforms(doc_text))
+                    for name, plane in de.planes.items():
+                        cols[f"char_{name}"].append(plane)
+                    tally["enrich_seconds"] += time.perf_counter() - te
+    finally:
+        whole.close()
     return cols, tally
+
+
+#: Limits of one whole-file encoding batch of :class:`_WholeCounts`: files, characters
+#: (a batch closes with the file that reaches either).
+ENCODE_BATCH_FILES = 256
+ENCODE_BATCH_CHARS = 1 << 18
+
+
+class _WholeCounts:
+    """Token counts of whole files, encoded in batches (:data:`ENCODE_BATCH_FILES`,
+    :data:`ENCODE_BATCH_CHARS`) by one background thread while the caller parses and
+    enriches (the tokenizer releases the GIL), at most two batches ahead of the file being
+    read. ``get(i)`` is ``(count, ids)`` of file ``i``, called for ``i = 0, 1, ...`` in
+    order; ``ids`` a uint32 array kept only for files over ``budget`` (``None`` otherwise).
+    Errors of the encoding are raised by ``get``; :meth:`close` ends the thread."""
+
+    def __init__(self, tok, texts: list[str], budget: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.tok, self.texts, self.budget = tok, texts, budget
+        bounds, chars = [0], 0
+        for i, t in enumerate(texts):
+            chars += len(t)
+            if chars >= ENCODE_BATCH_CHARS or i + 1 - bounds[-1] >= ENCODE_BATCH_FILES:
+                bounds.append(i + 1)
+                chars = 0
+        if bounds[-1] != len(texts):
+            bounds.append(len(texts))
+        self.bounds = bounds  # batch k is texts[bounds[k]:bounds[k + 1]]
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="chunk-encode")
+        self.batches = {k: self.pool.submit(self._encode, k) for k in range(min(2, len(bounds) - 1))}
+        self.k, self.counts, self.over = -1, [], {}
+
+    def _encode(self, k: int) -> tuple[list[int], dict[int, np.ndarray]]:
+        lo, hi = self.bounds[k], self.bounds[k + 1]
+        counts, over = [], {}
+        for i, e in enumerate(self.tok.encode_batch_fast(self.texts[lo:hi], add_special_tokens=False), lo):
+            counts.append(len(e))
+            if len(e) > self.budget:
+                over[i] = np.asarray(e.ids, dtype=np.uint32)
+        return counts, over
+
+    def get(self, i: int) -> tuple[int, np.ndarray | None]:
+        """``(count, ids or None)`` of file ``i`` (see the class docstring)."""
+        while self.k < 0 or i >= self.bounds[self.k + 1]:
+            self.k += 1
+            self.counts, self.over = self.batches.pop(self.k).result()
+            if self.k + 2 < len(self.bounds) - 1:
+                self.batches[self.k + 2] = self.pool.submit(self._encode, self.k + 2)
+        return self.counts[i - self.bounds[self.k]], self.over.pop(i, None)
+
+    def close(self) -> None:
+        """Stop the background thread (batches not started are dropped)."""
+        for f in self.batches.values():
+            f.cancel()
+        self.pool.shutdown(wait=True)
 
 
 def compute(ctx) -> Result:
