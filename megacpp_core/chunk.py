@@ -500,7 +500,8 @@ def split_document_with_stats(
     (:class:`megacpp_core.span_count.SpanCounter`) and used for every span other than the
     whole text. Returns ``(chunks, stats)`` with ``stats = {"parse_errors": bool (the tree
     has ERROR or MISSING nodes), "brace_fallback": bool (the tree has ERROR nodes, so the
-    brace-balanced splitter cut the file), "units": int (top-level units),
+    brace-balanced splitter cut the file), "units": int (top-level units; 1 for a file
+    under the budget with ERROR nodes, whose one chunk needs no brace units),
     "fallback_splits": int (pieces split by lines or characters)}``.
 
     Guarantees (checked before returning): ``chunks`` tile ``text`` exactly, in order,
@@ -524,18 +525,19 @@ def split_document_with_stats(
         raise ValueError(f"{doc_key}: the parsed source is not this text")
     s = _Splitter(parsed, count_tokens, budget, doc_key, count_span)
     root = parsed.tree.root_node
-    if parsed.has_error_nodes:
-        units = s.brace_pieces(0, len(text), 0, 0)
-    else:
-        units = s.tile(s.groups(root), 0, len(text)) or [_Piece(0, len(text), ())]
     n = count_tokens(text)
-    if n <= budget:
-        chunks = [s.chunk(units, n)]
+    if parsed.has_error_nodes and n <= budget:  # one OTHER chunk, whatever the brace units
+        chunks, n_units = [Chunk(0, len(text), StructureCategory.OTHER.name, None, n)], 1
     else:
-        chunks = s.pack(units)
+        if parsed.has_error_nodes:
+            units = s.brace_pieces(0, len(text), 0, 0)
+        else:
+            units = s.tile(s.groups(root), 0, len(text)) or [_Piece(0, len(text), ())]
+        chunks = [s.chunk(units, n)] if n <= budget else s.pack(units)
+        n_units = len(units)
     _check(chunks, text, budget, doc_key)
     return chunks, {"parse_errors": bool(root.has_error), "brace_fallback": parsed.has_error_nodes,
-                    "units": len(units), "fallback_splits": s.fallback_splits}
+                    "units": n_units, "fallback_splits": s.fallback_splits}
 
 
 def split_document(
