@@ -113,6 +113,9 @@ def added_prefixes(tok) -> frozenset[str]:
     return frozenset(out)
 
 
+#: Longest span (characters) whose count a :class:`SpanCounter` keeps for reuse.
+_MEMO_CHARS = 64
+
 _PREPARED: dict[str, tuple[int | None, np.ndarray, frozenset[str]]] = {}
 
 
@@ -147,6 +150,7 @@ class SpanCounter:
         self.encoded_chars = 0
         self.hard = np.zeros(0, dtype=np.int64)
         self._reach: dict[int, int] = {}
+        self._memo: dict[str, int] = {}
         if margin is None or not text:
             return
         src = text.encode("utf-8", "surrogatepass")
@@ -173,6 +177,17 @@ class SpanCounter:
         self.encoded_chars += b - a
         return self.tok.encode(self.text[a:b], add_special_tokens=False).ids
 
+    def _count(self, a: int, b: int) -> int:
+        """``len(encode(text[a:b]))``; short texts (``}\\n``, ``#endif\\n``, ...) are
+        encoded once per counter."""
+        if b - a > _MEMO_CHARS:
+            return len(self._ids(a, b))
+        key = self.text[a:b]
+        n = self._memo.get(key)
+        if n is None:
+            n = self._memo[key] = len(self._ids(a, b))
+        return n
+
     def reach(self, h: int) -> int:
         """Smallest ``e > h`` with ``text[h:e]`` not a prefix of an added token;
         ``len(text) + 1`` when every ``text[h:e]`` up to the end is one."""
@@ -192,14 +207,14 @@ class SpanCounter:
         if a == 0 and b == end and self.n is not None:
             return self.n
         if self.margin is None or not len(hard):
-            return len(self._ids(a, b))
+            return self._count(a, b)
         i = int(np.searchsorted(hard, a, side="left"))
         j = int(np.searchsorted(hard, b, side="left")) - 1  # the last hard line start < b
         if b < end:
             while j >= i and self.reach(int(hard[j])) > b:
                 j -= 1
         if i >= len(hard) or j < i:
-            return len(self._ids(a, b))
+            return self._count(a, b)
         h1, hl = int(hard[i]), int(hard[j])
         left = 0
         if h1 > a:
@@ -209,4 +224,4 @@ class SpanCounter:
             left = int(np.searchsorted(np.cumsum(w) - w, cut, side="left"))
         ts = self.token_starts
         mid = int(np.searchsorted(ts, self._byte(hl), side="left") - np.searchsorted(ts, self._byte(h1), side="left"))
-        return left + mid + len(self._ids(hl, b))
+        return left + mid + self._count(hl, b)
