@@ -274,3 +274,14 @@ def test_ast_planes_equal_painting_every_node(name, text, lang):
     assert np.array_equal(fe.ast_depth, depth), name
     assert np.array_equal(fe.sibling_index, sib), name
     assert np.array_equal(fe.ast_node_type, typ), name
+
+
+@pytest.mark.parametrize("lang", ["c", "cpp"])
+def test_walk_finds_error_nodes_as_the_query_does(lang):
+    texts = ["}}}}", ")(", "#if\n", "\x00\x01", "int", "int x = ;", "a b c d e f", "@@@", "class { {", 'R"x(',
+             "/*", '"abc', "template<", "# 1 2 3\n)))", "int f() { return 1 }", "MACRO(x) { int a;\n", "int a;\n"]
+    for text in texts:
+        by_query = chunk.parse_source(text, lang).has_error_nodes
+        parsed = chunk.parse_source(text, lang)
+        enrich.enrich_file(text, lang, parsed)  # sets has_error_nodes from its walk
+        assert parsed.has_error_nodes == by_query, text
