@@ -222,6 +222,8 @@ class ParsedSource:
 
     @property
     def has_error_nodes(self) -> bool:
+        """True when the tree has an ERROR node: a query over the tree on first use, unless
+        a walk over every node set it first (the setter)."""
         if self._error_nodes is None:
             root = self.tree.root_node
             self._error_nodes = bool(root.has_error) and bool(
