@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -46,6 +45,8 @@ import numpy as np
 import tree_sitter
 import tree_sitter_c
 import tree_sitter_cpp
+
+from .brace_split import brace_cuts
 
 __all__ = [
     "StructureCategory",
@@ -200,7 +201,8 @@ class ParsedSource:
     (``"c"``/``"cpp"``), ``tree`` the tree-sitter tree, ``b2c`` a numpy int64 array of
     ``len(src) + 1`` mapping a byte offset to the ``str`` offset of the character holding
     it (``None`` for ASCII text, where they are equal), ``has_error_nodes`` True when the
-    tree contains an ERROR node (MISSING nodes alone do not count).
+    tree contains an ERROR node (MISSING nodes alone do not count; found by a query on
+    first use unless a walk over every node, :mod:`megacpp_core.enrich`'s, set it).
     """
 
     def __init__(self, text: str, language: str):
@@ -216,9 +218,21 @@ class ParsedSource:
             # a continuation byte maps to the character that holds it
             self.b2c[:-1][~lead] -= 1
         self.tree = parser_for(self.grammar).parse(self.src)
-        root = self.tree.root_node
-        self.has_error_nodes = bool(root.has_error) and bool(
-            tree_sitter.QueryCursor(_error_query(self.grammar)).captures(root))
+        self._error_nodes: bool | None = None
+
+    @property
+    def has_error_nodes(self) -> bool:
+        """True when the tree has an ERROR node: a query over the tree on first use, unless
+        a walk over every node set it first (the setter)."""
+        if self._error_nodes is None:
+            root = self.tree.root_node
+            self._error_nodes = bool(root.has_error) and bool(
+                tree_sitter.QueryCursor(_error_query(self.grammar)).captures(root))
+        return self._error_nodes
+
+    @has_error_nodes.setter
+    def has_error_nodes(self, value: bool) -> None:
+        self._error_nodes = bool(value)
 
     def char(self, byte: int) -> int:
         """UTF-8 byte offset -> ``str`` offset (an end offset maps to the next character)."""
@@ -237,59 +251,6 @@ def parse_source(text: str, language: str) -> ParsedSource:
     return ParsedSource(text, language)
 
 
-# Lexemes the brace-balanced splitter looks at; everything else is skipped by the regex
-# engine. Raw strings, strings, characters and comments are consumed whole so their braces
-# and semicolons do not count; a preprocessor line (with continuations) is one lexeme.
-_BRACE_LEX = re.compile(
-    r'R"(?P<delim>[^()\\\s"]{0,16})\((?:.|\n)*?\)(?P=delim)"'
-    r'|"(?:\\.|[^"\\\n])*"'
-    r"|'(?:\\.|[^'\\\n])*'"
-    r"|//(?:\\\r?\n|[^\n])*"
-    r"|/\*(?:.|\n)*?\*/"
-    r"|^[ \t]*\#(?:\\\r?\n|[^\n])*"
-    r"|[{};]",
-    re.MULTILINE,
-)
-
-
-def brace_cuts(text: str, lo: int, hi: int, level: int = 0) -> list[int]:
-    """Unit ends of ``text[lo:hi]`` for the brace-balanced splitter, as ``str`` offsets.
-
-    Brace depth starts at 0 at ``lo`` (clamped at 0 when a ``}`` has no opener, e.g. code
-    split across ``#if`` branches). A unit ends after a ``;`` or ``}`` that leaves the depth
-    at ``level``, or after a preprocessor line at that depth; the cut falls after the rest
-    of that line (a trailing comment stays with its unit). Returns sorted offsets strictly
-    inside ``(lo, hi)``; ``[]`` when there is no cut.
-    """
-    depth = 0
-    cuts: list[int] = []
-    last = lo
-    for m in _BRACE_LEX.finditer(text, lo, hi):
-        tok = m.group()
-        c = tok[0]
-        if c == "{":
-            depth += 1
-            continue
-        if c == "}":
-            depth = max(0, depth - 1)
-        elif c == ";":
-            pass
-        elif tok.lstrip().startswith("#"):
-            if depth != level:
-                continue
-        else:
-            continue  # literals and comments
-        if depth != level:
-            continue
-        end = m.end()
-        nl = text.find("\n", end, hi)
-        cut = hi if nl < 0 else nl + 1
-        if last < cut < hi:
-            cuts.append(cut)
-            last = cut
-    return cuts
-
-
 class _Piece(NamedTuple):
     """A span ``[start, end)`` to pack: whole syntactic nodes (``nodes``) or a fragment."""
 
@@ -304,8 +265,10 @@ class _Piece(NamedTuple):
 class _Splitter:
     """State for one call of :func:`split_document_with_stats`."""
 
-    def __init__(self, parsed: ParsedSource, count: Callable[[str], int], budget: int, key: str):
+    def __init__(self, parsed: ParsedSource, count: Callable[[str], int], budget: int, key: str,
+                 count_span: Callable[[int, int], int] | None = None):
         self.text, self.count, self.budget, self.key = parsed.text, count, budget, key
+        self.count_span = count_span or (lambda a, b: count(self.text[a:b]))
         self.fallback_splits = 0
         self.src, self.b2c = parsed.src, parsed.b2c
 
@@ -418,18 +381,18 @@ class _Splitter:
         longest prefix whose count is <= budget. Raises :class:`ChunkingError` when one
         character alone exceeds the budget.
         """
-        text, count, budget = self.text, self.count, self.budget
+        text, count, budget = self.text, self.count_span, self.budget
         density = (p.end - p.start) / max(p.n or 1, 1)  # chars per token
         out, lo = [], p.start
         while lo < p.end:
             rem = p.end - lo
             g = min(rem, max(1, int(budget * density)))
-            n = count(text[lo : lo + g])
+            n = count(lo, lo + g)
             if n <= budget:
                 good, good_n, bad = g, n, rem + 1
                 while good < rem:
                     g = min(rem, 2 * good)
-                    n = count(text[lo : lo + g])
+                    n = count(lo, lo + g)
                     if n > budget:
                         bad = g
                         break
@@ -438,14 +401,14 @@ class _Splitter:
                 good, good_n, bad = 0, 0, g
                 while bad > 1:
                     g = bad // 2
-                    n = count(text[lo : lo + g])
+                    n = count(lo, lo + g)
                     if n <= budget:
                         good, good_n = g, n
                         break
                     bad = g
             while bad - good > 1:
                 g = (good + bad) // 2
-                n = count(text[lo : lo + g])
+                n = count(lo, lo + g)
                 if n <= budget:
                     good, good_n = g, n
                 else:
@@ -480,7 +443,7 @@ class _Splitter:
         budget. A chunk cut mid-line is shortened to its last line end if that keeps at
         least half of it. An oversized function/class/namespace/typedef starts a chunk.
         """
-        text, count, budget = self.text, self.count, self.budget
+        text, count, budget = self.text, self.count_span, self.budget
         stream = deque(pieces)
         out: list[Chunk] = []
         cur: list[_Piece] = []
@@ -497,7 +460,7 @@ class _Splitter:
                 while keep and len(cur) > keep:
                     stream.appendleft(cur.pop())
             while True:
-                n = cur[0].n if len(cur) == 1 else count(text[cur[0].start : cur[-1].end])
+                n = cur[0].n if len(cur) == 1 else count(cur[0].start, cur[-1].end)
                 if n <= budget:
                     break
                 stream.appendleft(cur.pop())  # back off one unit: the estimate was low
@@ -508,7 +471,7 @@ class _Splitter:
         while stream or cur:
             p = stream.popleft() if stream else None
             if p is not None and p.n is None:
-                p = p._replace(n=count(text[p.start : p.end]))
+                p = p._replace(n=count(p.start, p.end))
             if p is not None and p.n > budget and not self.starts_chunk(p, cur):
                 stream.extendleft(reversed(self.expand(p)))
             elif p is None or (cur and est + p.n > budget):
@@ -528,15 +491,19 @@ def split_document_with_stats(
     budget: int,
     doc_key: str = "",
     parsed: ParsedSource | None = None,
+    count_span: Callable[[int, int], int] | None = None,
 ) -> tuple[list[Chunk], dict]:
     """Split ``text`` into contiguous :class:`Chunk` s of at most ``budget`` tokens each.
 
     ``language`` is one of :data:`LANGUAGES`; ``count_tokens(str) -> int`` is the exact
     token count (the real tokenizer, without special tokens); ``budget`` >= 1 tokens;
-    ``parsed`` an already parsed :class:`ParsedSource` of ``text`` (parsed here if None).
-    Returns ``(chunks, stats)`` with ``stats = {"parse_errors": bool (the tree has ERROR
-    or MISSING nodes), "brace_fallback": bool (the tree has ERROR nodes, so the
-    brace-balanced splitter cut the file), "units": int (top-level units),
+    ``parsed`` an already parsed :class:`ParsedSource` of ``text`` (parsed here if None);
+    ``count_span(a, b)``, when given, is ``count_tokens(text[a:b])`` computed another way
+    (:class:`megacpp_core.span_count.SpanCounter`) and used for every span other than the
+    whole text. Returns ``(chunks, stats)`` with ``stats = {"parse_errors": bool (the tree
+    has ERROR or MISSING nodes), "brace_fallback": bool (the tree has ERROR nodes, so the
+    brace-balanced splitter cut the file), "units": int (top-level units; 1 for a file
+    under the budget with ERROR nodes, whose one chunk needs no brace units),
     "fallback_splits": int (pieces split by lines or characters)}``.
 
     Guarantees (checked before returning): ``chunks`` tile ``text`` exactly, in order,
@@ -558,20 +525,21 @@ def split_document_with_stats(
     parsed = parsed or ParsedSource(text, language)
     if parsed.text is not text and parsed.text != text:
         raise ValueError(f"{doc_key}: the parsed source is not this text")
-    s = _Splitter(parsed, count_tokens, budget, doc_key)
+    s = _Splitter(parsed, count_tokens, budget, doc_key, count_span)
     root = parsed.tree.root_node
-    if parsed.has_error_nodes:
-        units = s.brace_pieces(0, len(text), 0, 0)
-    else:
-        units = s.tile(s.groups(root), 0, len(text)) or [_Piece(0, len(text), ())]
     n = count_tokens(text)
-    if n <= budget:
-        chunks = [s.chunk(units, n)]
+    if parsed.has_error_nodes and n <= budget:  # one OTHER chunk, whatever the brace units
+        chunks, n_units = [Chunk(0, len(text), StructureCategory.OTHER.name, None, n)], 1
     else:
-        chunks = s.pack(units)
+        if parsed.has_error_nodes:
+            units = s.brace_pieces(0, len(text), 0, 0)
+        else:
+            units = s.tile(s.groups(root), 0, len(text)) or [_Piece(0, len(text), ())]
+        chunks = [s.chunk(units, n)] if n <= budget else s.pack(units)
+        n_units = len(units)
     _check(chunks, text, budget, doc_key)
     return chunks, {"parse_errors": bool(root.has_error), "brace_fallback": parsed.has_error_nodes,
-                    "units": len(units), "fallback_splits": s.fallback_splits}
+                    "units": n_units, "fallback_splits": s.fallback_splits}
 
 
 def split_document(
@@ -581,9 +549,10 @@ def split_document(
     budget: int,
     doc_key: str = "",
     parsed: ParsedSource | None = None,
+    count_span: Callable[[int, int], int] | None = None,
 ) -> list[Chunk]:
     """Chunks of :func:`split_document_with_stats` without the stats (same contract)."""
-    return split_document_with_stats(text, language, count_tokens, budget, doc_key, parsed)[0]
+    return split_document_with_stats(text, language, count_tokens, budget, doc_key, parsed, count_span)[0]
 
 
 def _check(chunks: list[Chunk], text: str, budget: int, doc_key: str) -> None:

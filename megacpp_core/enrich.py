@@ -81,20 +81,88 @@ _CONTAINERS = {"namespace_definition", "linkage_specification"}
 #: Nodes whose subtree names types that count as type uses (base classes, members, parameters).
 _TYPE_CONTEXTS = {"base_class_clause", "field_declaration", "parameter_declaration",
                   "optional_parameter_declaration", "variadic_parameter_declaration"}
-_SPECIAL = (_PREAMBLE | _PREPROC_BLOCKS | _CLASSLIKE | _MEMBERS | _CLASS_ONLY_MEMBERS | _TYPEDEFS | _CONTAINERS | _TYPE_CONTEXTS
-            | {"comment", "function_definition", "declaration", "template_declaration", "call_expression",
-               "type_identifier", "compound_statement", "declaration_list", "field_declaration_list"})
+
+#: Node kinds whose own rule records something (paint, a name, a call, a type use).
+_RECORDED = (_PREAMBLE | _PREPROC_BLOCKS | _CLASSLIKE | _MEMBERS | _CLASS_ONLY_MEMBERS | _TYPEDEFS
+             | {"comment", "function_definition", "declaration", "template_declaration", "namespace_definition",
+                "call_expression", "type_identifier"})
+#: Roles of node kinds for the two contexts of the rules (:class:`_Walk`).
+_TYPE_CONTEXT, _STATEMENTS, _CLASS_BODY = 1, 2, 3
+#: ``kind_id`` of tree-sitter's ERROR nodes.
+_ERROR_KIND = 65535
+#: Per grammar: ``uint8[65536]`` role of every ``kind_id`` (0: none).
+_ROLES: dict[str, np.ndarray] = {}
 
 
 @functools.lru_cache(maxsize=None)
-def _kind_names(grammar: str) -> dict[int, str]:
-    """``kind_id -> type`` for the named node kinds of :data:`_SPECIAL` (all alias ids)."""
+def _kinds(grammar: str) -> tuple[dict[int, str], bytearray, bytearray]:
+    """``(kind_id -> type, recorded, role)`` over the named node kinds (all alias ids):
+    the types of :data:`_RECORDED`, a 65,536-entry flag table of them, and the role table
+    (also kept as numpy in :data:`_ROLES`)."""
     lang = tree_sitter.Language(tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language())
-    out = {}
+    names, recorded, role = {}, bytearray(65536), bytearray(65536)
     for i in range(lang.node_kind_count):
         name = lang.node_kind_for_id(i)
-        if name in _SPECIAL and lang.node_kind_is_named(i):
-            out[i] = name
+        if not lang.node_kind_is_named(i):
+            continue
+        if name in _RECORDED:
+            names[i] = name
+            recorded[i] = 1
+        if name in _TYPE_CONTEXTS:
+            role[i] = _TYPE_CONTEXT
+        elif name == "compound_statement":
+            role[i] = _STATEMENTS
+        elif name == "field_declaration_list":
+            role[i] = _CLASS_BODY
+    _ROLES[grammar] = np.frombuffer(bytes(role), dtype=np.uint8)
+    return names, recorded, role
+
+
+def _depths(parents: np.ndarray) -> np.ndarray:
+    """Number of ancestors of every node (pre-order parent array, -1 for the root),
+    clamped at :data:`MAX_DEPTH`, by binary lifting over jumps of 32, 16, ..., 1."""
+    n = len(parents)
+    up = [np.where(parents < 0, n, parents)]
+    up[0] = np.append(up[0], n)  # n: above the root
+    for _ in range(5):
+        up.append(up[-1][up[-1]])
+    cur = np.arange(n)
+    depth = np.zeros(n, dtype=np.int64)
+    for k in range(5, -1, -1):
+        nxt = up[k][cur]
+        ok = nxt != n
+        cur = np.where(ok, nxt, cur)
+        depth += ok.astype(np.int64) << k
+    return depth
+
+
+def _sibling_index(parents: np.ndarray) -> np.ndarray:
+    """Index of every node among its parent's children (the root: 0), clamped at
+    :data:`MAX_DEPTH`; children follow each other in pre-order, so a stable sort by parent
+    lists each parent's children in order."""
+    n = len(parents)
+    order = np.argsort(parents, kind="stable")
+    ps = parents[order]
+    first = np.flatnonzero(np.concatenate(([True], ps[1:] != ps[:-1])))
+    rank = np.arange(n) - np.repeat(first, np.diff(np.append(first, n)))
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.minimum(rank, MAX_DEPTH)
+    return out
+
+
+def _in_type_context(nodes: np.ndarray, parents: np.ndarray, roles: np.ndarray) -> np.ndarray:
+    """For each node index: is its nearest ancestor of role type context or statements one
+    of type context (False when there is none)? Walks up all of them at once."""
+    out = np.zeros(len(nodes), dtype=bool)
+    cur = parents[nodes]
+    act = np.flatnonzero(cur >= 0)
+    while act.size:
+        r = roles[cur[act]]
+        hit = (r == _TYPE_CONTEXT) | (r == _STATEMENTS)
+        out[act[r == _TYPE_CONTEXT]] = True
+        act = act[~hit]
+        cur[act] = parents[cur[act]]
+        act = act[cur[act] >= 0]
     return out
 
 
@@ -198,66 +266,76 @@ class DocumentEnrichment:
 
 
 class _Walk:
-    """One pre-order walk over the tree collecting node arrays (every node, named or
-    anonymous: ``(start_byte, end_byte, parent, depth, sibling index, kind_id)``) and the
-    special nodes of the structure, edge and name rules."""
+    """One pre-order cursor walk over the tree: node arrays of every node, named or
+    anonymous (``starts``/``ends`` in bytes, ``parents``, ``depths`` and ``sibs`` clamped
+    at :data:`MAX_DEPTH`, ``kind_ids``), ``has_error`` (an ERROR node occurs), and what the
+    structure, edge and name rules record for their node kinds (``paint`` in pre-order,
+    ``calls``, ``uses``, ``fn_defs``, ``type_defs``).
+
+    The loop only reads each node's offsets and kind. Depth and sibling index come from the
+    parent array afterwards (numpy), and so do the two contexts of the rules: whether a
+    ``type_identifier`` lies in a base-class, member or parameter declaration (the nearest
+    such declaration or ``compound_statement`` above it decides) and whether a node sits
+    directly in a class body."""
 
     def __init__(self, parsed: ParsedSource):
-        kinds = _kind_names(parsed.grammar)
-        starts, ends, parents, depths, sibs, kind_ids = [], [], [], [], [], []
-        self.paint: list[tuple[int, int, int]] = []  # (start_byte, end_byte, category) in pre-order
-        self.calls: list[tuple[int, str]] = []
-        self.uses: list[tuple[int, str]] = []
-        self.fn_defs: list[tuple[int, str]] = []
-        self.type_defs: list[tuple[int, str]] = []
-        src = parsed.src
+        names, recorded, role = _kinds(parsed.grammar)
+        starts, ends, parents, kind_ids, picked = [], [], [], [], []
+        sa, ea, pa, ka, xa = starts.append, ends.append, parents.append, kind_ids.append, picked.append
         c = parsed.tree.walk()
-        named_parent = [-1]  # the parent of the nodes at the current level
-        sib_count = [0]
-        in_types = [False]  # inside a base-class / member / parameter declaration
-        in_class = [False]  # directly inside a class body (members)
+        down, right, up = c.goto_first_child, c.goto_next_sibling, c.goto_parent
+        stack: list[int] = []
+        parent, n = -1, 0
         while True:
             node = c.node
-            me = len(starts)
-            sb, eb = node.start_byte, node.end_byte
-            starts.append(sb)
-            ends.append(eb)
-            parents.append(named_parent[-1])
-            depths.append(len(named_parent) - 1)
-            sibs.append(sib_count[-1])
-            sib_count[-1] += 1
             kid = node.kind_id
-            kind_ids.append(kid)
-            t = kinds.get(kid)
-            ctx, cls = in_types[-1], False
-            if t is not None:
-                ctx, cls = self._special(node, t, sb, eb, src, ctx, in_class[-1])
-            if c.goto_first_child():
-                named_parent.append(me)
-                sib_count.append(0)
-                in_types.append(ctx)
-                in_class.append(cls)
+            sa(node.start_byte)
+            ea(node.end_byte)
+            pa(parent)
+            ka(kid)
+            if recorded[kid]:
+                xa((n, node))
+            if down():
+                stack.append(parent)
+                parent = n
+                n += 1
                 continue
-            while not c.goto_next_sibling():
-                if not c.goto_parent():
+            n += 1
+            while not right():
+                if not up():
                     break
-                named_parent.pop()
-                sib_count.pop()
-                in_types.pop()
-                in_class.pop()
+                parent = stack.pop()
             else:
                 continue
             break
         self.starts = np.asarray(starts, dtype=np.int64)
         self.ends = np.asarray(ends, dtype=np.int64)
         self.parents = np.asarray(parents, dtype=np.int64)
-        self.depths = np.asarray(depths, dtype=np.int64)
-        self.sibs = np.asarray(sibs, dtype=np.int64)
         self.kind_ids = np.asarray(kind_ids, dtype=np.int64)
+        self.has_error = bool((self.kind_ids == _ERROR_KIND).any())
+        self.depths, self.sibs = _depths(self.parents), _sibling_index(self.parents)
+        self.paint: list[tuple[int, int, int]] = []  # (start_byte, end_byte, category) in pre-order
+        self.calls: list[tuple[int, str]] = []
+        self.uses: list[tuple[int, str]] = []
+        self.fn_defs: list[tuple[int, str]] = []
+        self.type_defs: list[tuple[int, str]] = []
+        src = parsed.src
+        type_ids: list[tuple[int, object]] = []
+        for i, node in picked:
+            t = names[kind_ids[i]]
+            if t == "type_identifier":
+                type_ids.append((i, node))
+            else:
+                p = parents[i]
+                self._special(node, t, starts[i], ends[i], src, p >= 0 and role[kind_ids[p]] == _CLASS_BODY)
+        if type_ids:
+            inside = _in_type_context(np.fromiter((i for i, _ in type_ids), dtype=np.int64, count=len(type_ids)),
+                                      self.parents, _ROLES[parsed.grammar][self.kind_ids])
+            self.uses = [(starts[i], node.text.decode("utf-8", "replace"))
+                         for (i, node), ok in zip(type_ids, inside.tolist()) if ok]
 
-    def _special(self, node, t: str, sb: int, eb: int, src: bytes, ctx: bool, in_class: bool) -> tuple[bool, bool]:
-        """Record what ``node`` of type ``t`` contributes; return (type context, class body)
-        for its children."""
+    def _special(self, node, t: str, sb: int, eb: int, src: bytes, in_class: bool) -> None:
+        """Record what ``node`` of type ``t`` contributes (``in_class``: its parent is a class body)."""
         paint = self.paint
         if t == "comment":
             paint.append((sb, eb, _S.COMMENT))
@@ -318,16 +396,6 @@ class _Walk:
             name = _callee_name(node)
             if name:
                 self.calls.append((sb, name))
-        elif t == "type_identifier":
-            if ctx:
-                self.uses.append((sb, node.text.decode("utf-8", "replace")))
-        if t in _TYPE_CONTEXTS:
-            return True, False
-        if t == "compound_statement":
-            return False, False
-        if t == "field_declaration_list":
-            return ctx, True
-        return ctx, False
 
 
 def _ast_planes(parsed: ParsedSource, w: _Walk, char_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -449,6 +517,7 @@ def enrich_file(text: str, language: str, parsed: ParsedSource | None = None) ->
     if parsed.text is not text and parsed.text != text:
         raise ValueError("the parsed source is not this text")
     w = _Walk(parsed)
+    parsed.has_error_nodes = w.has_error  # the splitter needs no query of its own
     nb = len(parsed.src)
     if parsed.b2c is None:
         char_bytes = np.arange(len(text), dtype=np.int64)

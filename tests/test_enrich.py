@@ -223,3 +223,65 @@ def test_deep_else_if_ladder():
     fe = enrich.enrich_file(text, "cpp")
     assert fe.ast_depth.max() == 63 and len(fe.ast_node_type) == len(text)
     assert fe.structure[text.index("return -1")] == S.FUNC_BODY
+
+
+def _innermost_by_painting(parsed):
+    """Reference of the AST planes: every node paints its bytes in pre-order (an inner node
+    over its ancestors); a character takes its first byte's node."""
+    nodes = []
+    c = parsed.tree.walk()
+    depth = 0
+    while True:
+        nodes.append((c.node, depth))
+        if c.goto_first_child():
+            depth += 1
+            continue
+        while not c.goto_next_sibling():
+            if not c.goto_parent():
+                break
+            depth -= 1
+        else:
+            continue
+        break
+    owner = np.full(len(parsed.src), -1, dtype=np.int64)
+    sibs = []
+    for i, (node, _) in enumerate(nodes):
+        owner[node.start_byte:node.end_byte] = i
+        parent = node.parent
+        sibs.append(0 if parent is None else [ch.id for ch in parent.children].index(node.id))
+    text = parsed.text
+    char_bytes = np.asarray([len(text[:k].encode("utf-8", "surrogatepass")) for k in range(len(text))], dtype=np.int64)
+    o = owner[char_bytes] if len(text) else owner[:0]
+    table = ast_types.bucket_table(parsed.grammar)
+    depth = np.asarray([min(nodes[k][1], 63) if k >= 0 else 0 for k in o], dtype=np.uint8)
+    sib = np.asarray([min(sibs[k], 63) if k >= 0 else 0 for k in o], dtype=np.uint8)
+    typ = np.asarray([(table[nodes[k][0].kind_id] if nodes[k][0].kind_id < len(table) else ast_types.ERROR_BUCKET)
+                      if k >= 0 else 0 for k in o], dtype=np.uint8)
+    return depth, sib, typ
+
+
+@pytest.mark.parametrize("name,text,lang", [
+    ("directives", "/* c */\n#pragma once\n\n#include <a.h>\n\n\n#define X 1\n\nint x;\n  \n", "cpp"),
+    ("blocks", "#if A\nint a;\n#else\nint b;\n#endif\n\nstruct S {\n  int m;  \n\n};\n", "c"),
+    ("broken", "MACRO(x) { int a = 1;\n  if (a) { b(); }\n\n  ", "cpp"),
+    ("unicode", "// ü ✓\nint ß(int a) {\n\treturn a; // é\n}\n\n", "cpp"),
+    *[(p.name, p.read_text(), "c" if p.suffix == ".c" else "cpp") for p in sorted(FIXTURES.glob("*")) if p.is_file()],
+])
+def test_ast_planes_equal_painting_every_node(name, text, lang):
+    parsed = chunk.parse_source(text, lang)
+    fe = enrich.enrich_file(text, lang, parsed)
+    depth, sib, typ = _innermost_by_painting(parsed)
+    assert np.array_equal(fe.ast_depth, depth), name
+    assert np.array_equal(fe.sibling_index, sib), name
+    assert np.array_equal(fe.ast_node_type, typ), name
+
+
+@pytest.mark.parametrize("lang", ["c", "cpp"])
+def test_walk_finds_error_nodes_as_the_query_does(lang):
+    texts = ["}}}}", ")(", "#if\n", "\x00\x01", "int", "int x = ;", "a b c d e f", "@@@", "class { {", 'R"x(',
+             "/*", '"abc', "template<", "# 1 2 3\n)))", "int f() { return 1 }", "MACRO(x) { int a;\n", "int a;\n"]
+    for text in texts:
+        by_query = chunk.parse_source(text, lang).has_error_nodes
+        parsed = chunk.parse_source(text, lang)
+        enrich.enrich_file(text, lang, parsed)  # sets has_error_nodes from its walk
+        assert parsed.has_error_nodes == by_query, text

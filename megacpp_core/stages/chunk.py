@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from .. import catalog, chunk, snapshot_tokenizer
+from .. import catalog, chunk, snapshot_tokenizer, span_count
 from .. import kept as kept_files
 from .. import tokenizer as tk
 from ..pack import CHUNK_TYPE, EDGE_TYPE, PLATFORM_TYPE
@@ -73,6 +73,142 @@ def semantic_unit_edges(ctx) -> tuple[dict[str, dict[str, set]], dict]:
     return out, {"semantic_graph": True, "semantic_covered_files": len(out)}
 
 
+def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool,
+               lane_edges: dict[str, dict[str, set]] | None = None) -> tuple[dict[str, list], dict]:
+    """The documents of the kept files ``d`` (columns of :func:`kept.shard_kept` as lists):
+    ``(columns, tallies)``. Columns are those of :data:`DOCUMENTS_SCHEMA`, plus
+    :data:`ENRICHED_COLUMNS` when ``enriching``; tallies count parse-error, brace-fallback
+    and split files, fallback splits, documents with the lane's edges, the enrichment's
+    seconds and the characters the span counters encoded. ``bench/enrich.py`` times this
+    function against tree-sitter's parse.
+
+    Each file is parsed once; its enrichment walk runs first, since its walk over every
+    node also tells the splitter whether the tree has ERROR nodes. Whole files are encoded
+    (ids only, no offsets) in batches by a background thread meanwhile
+    (:class:`_WholeCounts`), and most fit whole; the ids of a file over ``budget`` are
+    kept and its spans are counted from them
+    (:class:`~megacpp_core.span_count.SpanCounter`), encoding only each span's ends.
+    """
+    from .. import enrich, platforms
+
+    lane_edges = lane_edges or {}
+    cols: dict[str, list] = {f.name: [] for f in DOCUMENTS_SCHEMA}
+    if enriching:
+        cols.update({f.name: [] for f in ENRICHED_COLUMNS})
+    tally = {"parse_errors": 0, "brace_files": 0, "fallback_splits": 0, "split_files": 0, "lane_docs": 0,
+             "enrich_seconds": 0.0, "span_encoded_chars": 0}
+    tk._require_literal_specials(tok)
+    whole = _WholeCounts(tok, d["text"], budget)
+    prepared: tuple = ()
+    current: list = [None, 0]
+
+    def counter(text: str) -> int:
+        if text is current[0]:
+            return current[1]
+        return tk.count_tokens(tok, text)
+
+    try:
+        for i, text in enumerate(d["text"]):
+            key, language = d["doc_key"][i], d["language"][i]
+            parsed = chunk.parse_source(text, language) if text else None
+            if enriching and text:
+                te = time.perf_counter()
+                fe = enrich.enrich_file(text, language, parsed)
+                tally["enrich_seconds"] += time.perf_counter() - te
+            n_whole, ids = whole.get(i)  # after parsing and enriching, so the encoding runs alongside
+            current[:] = [text, n_whole]
+            spans = None
+            if ids is not None:
+                margin, lengths, prefixes = prepared = prepared or span_count.prepare(tok, tokenizer_sha256)
+                spans = span_count.SpanCounter(tok, text, ids, lengths, margin, prefixes)
+            chunks, stats = chunk.split_document_with_stats(text, language, counter, budget, key, parsed, spans)
+            tally["parse_errors"] += bool(stats.get("parse_errors"))
+            tally["brace_files"] += bool(stats.get("brace_fallback"))
+            tally["fallback_splits"] += int(stats.get("fallback_splits", 0))
+            tally["split_files"] += len(chunks) > 1
+            tally["span_encoded_chars"] += spans.encoded_chars if spans is not None else 0
+            for j, c in enumerate(chunks):
+                doc_text = text[c.start:c.end]
+                for name, value in (("doc_key", f"{key}#{j}"), ("file_key", key),
+                                    ("source", d["source"][i]), ("path", d["path"][i]), ("revision", d["archive_sha256"][i]),
+                                    ("language", language), ("license_class", d["license_class"][i]),
+                                    ("chunk_index", j), ("n_chunks", len(chunks)), ("start", c.start), ("end", c.end),
+                                    ("kind", c.kind), ("name", c.name), ("n_text_tokens", c.n_tokens),
+                                    ("bucket", chunk.bucket_for(c.n_tokens + 1)), ("text", doc_text)):
+                    cols[name].append(value)
+                if enriching:
+                    te = time.perf_counter()
+                    override = lane_edges.get(key)
+                    de = enrich.document_enrichment(fe, c.start, c.end, override)
+                    tally["lane_docs"] += override is not None
+                    cols["char_chunk_boundaries"].append(de.chunks)
+                    cols["call_edges"].append(de.call_edges)
+                    cols["type_edges"].append(de.type_edges)
+                    cols["platform_ids"].append(platforms.scan_platforms(doc_text))
+                    for name, plane in de.planes.items():
+                        cols[f"char_{name}"].append(plane)
+                    tally["enrich_seconds"] += time.perf_counter() - te
+    finally:
+        whole.close()
+    return cols, tally
+
+
+#: Limits of one whole-file encoding batch of :class:`_WholeCounts`: files, characters
+#: (a batch closes with the file that reaches either).
+ENCODE_BATCH_FILES = 256
+ENCODE_BATCH_CHARS = 1 << 18
+
+
+class _WholeCounts:
+    """Token counts of whole files, encoded in batches (:data:`ENCODE_BATCH_FILES`,
+    :data:`ENCODE_BATCH_CHARS`) by one background thread while the caller parses and
+    enriches (the tokenizer releases the GIL), at most two batches ahead of the file being
+    read. ``get(i)`` is ``(count, ids)`` of file ``i``, called for ``i = 0, 1, ...`` in
+    order; ``ids`` a uint32 array kept only for files over ``budget`` (``None`` otherwise).
+    Errors of the encoding are raised by ``get``; :meth:`close` ends the thread."""
+
+    def __init__(self, tok, texts: list[str], budget: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.tok, self.texts, self.budget = tok, texts, budget
+        bounds, chars = [0], 0
+        for i, t in enumerate(texts):
+            chars += len(t)
+            if chars >= ENCODE_BATCH_CHARS or i + 1 - bounds[-1] >= ENCODE_BATCH_FILES:
+                bounds.append(i + 1)
+                chars = 0
+        if bounds[-1] != len(texts):
+            bounds.append(len(texts))
+        self.bounds = bounds  # batch k is texts[bounds[k]:bounds[k + 1]]
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="chunk-encode")
+        self.batches = {k: self.pool.submit(self._encode, k) for k in range(min(2, len(bounds) - 1))}
+        self.k, self.counts, self.over = -1, [], {}
+
+    def _encode(self, k: int) -> tuple[list[int], dict[int, np.ndarray]]:
+        lo, hi = self.bounds[k], self.bounds[k + 1]
+        counts, over = [], {}
+        for i, e in enumerate(self.tok.encode_batch_fast(self.texts[lo:hi], add_special_tokens=False), lo):
+            counts.append(len(e))
+            if len(e) > self.budget:
+                over[i] = np.asarray(e.ids, dtype=np.uint32)
+        return counts, over
+
+    def get(self, i: int) -> tuple[int, np.ndarray | None]:
+        """``(count, ids or None)`` of file ``i`` (see the class docstring)."""
+        while self.k < 0 or i >= self.bounds[self.k + 1]:
+            self.k += 1
+            self.counts, self.over = self.batches.pop(self.k).result()
+            if self.k + 2 < len(self.bounds) - 1:
+                self.batches[self.k + 2] = self.pool.submit(self._encode, self.k + 2)
+        return self.counts[i - self.bounds[self.k]], self.over.pop(i, None)
+
+    def close(self) -> None:
+        """Stop the background thread (batches not started are dropped)."""
+        for f in self.batches.values():
+            f.cancel()
+        self.pool.shutdown(wait=True)
+
+
 def compute(ctx) -> Result:
     from .. import ast_types, enrich, platforms
 
@@ -86,60 +222,13 @@ def compute(ctx) -> Result:
     if enriching:
         for f in ENRICHED_COLUMNS:
             schema = schema.append(f)
-    cols = {f.name: [] for f in schema}
-    parse_errors = fallback = brace_files = split_files = 0
-    enrich_seconds = 0.0
     if enriching and s.semantic_graph:
         lane_edges, lane_figs = semantic_unit_edges(ctx)
     else:
         lane_edges, lane_figs = {}, {"semantic_graph": False}
-    lane_docs = 0
-    # every whole file is counted first in one parallel batch; most files fit whole
-    tk._require_literal_specials(tok)
-    whole_counts: list[int] = []
-    for b in range(0, len(d["text"]), 4096):  # batches: keep the lengths, not the encodings
-        whole_counts.extend(len(e.ids) for e in tok.encode_batch(d["text"][b:b + 4096], add_special_tokens=False))
-    current: list = [None, 0]
-
-    def counter(text: str) -> int:
-        if text is current[0]:
-            return current[1]
-        return tk.count_tokens(tok, text)
-
-    for i in range(kept.num_rows):
-        text = d["text"][i]
-        current[:] = [text, whole_counts[i]]
-        parsed = chunk.parse_source(text, d["language"][i]) if text else None
-        chunks, stats = chunk.split_document_with_stats(text, d["language"][i], counter, budget, d["doc_key"][i], parsed)
-        parse_errors += bool(stats.get("parse_errors"))
-        brace_files += bool(stats.get("brace_fallback"))
-        fallback += int(stats.get("fallback_splits", 0))
-        split_files += len(chunks) > 1
-        if enriching and chunks:
-            te = time.perf_counter()
-            fe = enrich.enrich_file(text, d["language"][i], parsed)
-            enrich_seconds += time.perf_counter() - te
-        for j, c in enumerate(chunks):
-            doc_text = text[c.start:c.end]
-            for name, value in (("doc_key", f"{d['doc_key'][i]}#{j}"), ("file_key", d["doc_key"][i]),
-                                ("source", d["source"][i]), ("path", d["path"][i]), ("revision", d["archive_sha256"][i]),
-                                ("language", d["language"][i]), ("license_class", d["license_class"][i]),
-                                ("chunk_index", j), ("n_chunks", len(chunks)), ("start", c.start), ("end", c.end),
-                                ("kind", c.kind), ("name", c.name), ("n_text_tokens", c.n_tokens),
-                                ("bucket", chunk.bucket_for(c.n_tokens + 1)), ("text", doc_text)):
-                cols[name].append(value)
-            if enriching:
-                te = time.perf_counter()
-                override = lane_edges.get(d["doc_key"][i])
-                de = enrich.document_enrichment(fe, c.start, c.end, override)
-                lane_docs += override is not None
-                cols["char_chunk_boundaries"].append(de.chunks)
-                cols["call_edges"].append(de.call_edges)
-                cols["type_edges"].append(de.type_edges)
-                cols["platform_ids"].append(platforms.scan_platforms(doc_text))
-                for name, plane in de.planes.items():
-                    cols[f"char_{name}"].append(plane)
-                enrich_seconds += time.perf_counter() - te
+    cols, tally = chunk_rows(d, tok, info["sha256"], budget, enriching, lane_edges)
+    parse_errors, brace_files, fallback = tally["parse_errors"], tally["brace_files"], tally["fallback_splits"]
+    split_files, lane_docs, enrich_seconds = tally["split_files"], tally["lane_docs"], tally["enrich_seconds"]
     table = pa.table(cols, schema=schema).replace_schema_metadata({TOKENIZER_KEY: info["sha256"].encode()})
     if lane_edges:  # the covered files of this shard (the lane covers the whole revision)
         lane_figs["semantic_covered_files"] = sum(1 for k in d["doc_key"] if k in lane_edges)

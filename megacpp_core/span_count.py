@@ -1,0 +1,227 @@
+"""Exact token counts of spans of one file from a single encoding of it (stage 6).
+
+The chunker needs the exact token count of many spans ``text[a:b]`` of a file that does
+not fit its budget whole: every unit it packs, every piece of an oversized unit, every
+assembled document. Encoding each span anew encodes such a file two to three times over.
+:class:`SpanCounter` takes the ids of the whole file (the stage counts every file in one
+batch first) and answers ``count(a, b)`` from them, encoding only short pieces at the two
+ends of the span. The answer equals ``len(encode(text[a:b]))``; a tokenizer the reasoning
+below does not cover (:func:`locality_margin` returns ``None``) gets every span encoded.
+
+Why the sum is exact. A *hard line start* ``h`` is a position whose previous character is
+``\\n`` and whose own character is printable ASCII other than the space (``0x21..0x7E``),
+such as a line that starts with code in column 0. The code tokenizer of
+:mod:`megacpp_core.tokenizer` cuts text in three layers: the added tokens (one
+Aho-Corasick pass, leftmost-longest, matches never overlap, ``single_word`` checked against
+the neighbouring characters), then the pre-tokenizer regex ``CODE_PATTERN`` on the gaps
+between accepted added tokens, then byte-level BPE inside each piece, which does not look
+outside the piece. Then:
+
+- no added token covers ``h - 1`` and ``h`` together: every ``\\n`` inside an added token
+  is followed by whitespace inside that token (checked);
+- the regex never carries a piece from that ``\\n`` into ``h``. A whitespace run followed by
+  a non-space gives back its last character, and the optional leading ``" ?"`` of a piece
+  only takes a space. So in any text that holds ``h - 1`` and ``h``, a piece starts at
+  ``h``, and from ``h`` on the text is cut as if it started at ``h``;
+- the pieces before ``h`` depend on the text after it only through whether an accepted
+  added token starts at ``h`` (if one does, the regex gap ends at ``h`` and its last
+  whitespace run is cut as at the end of a text). Let ``reach(h)`` be the smallest
+  ``e > h`` such that ``text[h:e]`` is not a prefix of any added token's content. Every
+  added token that can match at ``h`` then ends before ``reach(h)``, and the character
+  after it, the one ``single_word`` looks at, is before ``reach(h)`` too. So any two texts
+  that agree on ``[h - 1, reach(h))`` agree on whether an added token is accepted at ``h``.
+  ``reach(h) - h`` is at most the longest added token plus one (``margin``).
+
+So for a span ``[a, b)``, let ``h1`` be the first hard line start ``>= a`` and ``hl`` the
+last one ``< b`` with ``reach(hl) <= b`` (any last one ``< b`` when ``b`` is the end of the
+file, as the span and the file then end together), with ``h1 <= hl``. Then
+``reach(h1) <= b`` (for ``h1 < hl`` because no added-token prefix holds ``hl - 1`` and
+``hl`` together, so ``reach(h1) <= hl + 1``), and ``count(a, b)`` is the sum of three parts:
+
+- the tokens of ``encode(text[a : reach(h1)])`` that start before ``h1`` (nothing when
+  ``a == h1``);
+- the file's own tokens that start in ``[h1, hl)``;
+- ``len(encode(text[hl:b]))``.
+
+When there is no such pair, the span is encoded whole. Tests compare the counter with
+the tokenizer on random and edge spans of real and hostile files; the stage's outputs are
+unchanged by it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import numpy as np
+
+from . import tokenizer as tk
+from .tokenize import byte_table
+
+__all__ = ["SpanCounter", "locality_margin", "added_prefixes", "prepare"]
+
+_PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": tk.CODE_PATTERN}, "behavior": "Isolated", "invert": False},
+    {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}
+
+
+def _strip_trim(state: dict) -> dict:
+    """The pre-tokenizer state without ``trim_offsets``, which moves offsets, not ids."""
+    return {**state, "pretokenizers": [{k: v for k, v in p.items() if k != "trim_offsets"}
+                                       for p in state.get("pretokenizers", [])]}
+
+
+def locality_margin(tok) -> int | None:
+    """``margin`` (characters) for a tokenizer the exact span sum of the module docstring
+    holds for, else ``None``.
+
+    It holds for a tokenizer with no normalizer, the ``CODE_PATTERN`` split followed by the
+    byte-level pre-tokenizer without its own regex, a BPE model without dropout, no
+    truncation or padding, special tokens matched literally (``encode_special_tokens``),
+    and added tokens that strip nothing and have every ``\\n`` followed by whitespace in the
+    token. ``margin`` is the longest added token plus one (an upper bound of
+    ``reach(h) - h``).
+    """
+    from tokenizers import models
+
+    try:
+        state = json.loads(tok.pre_tokenizer.__getstate__()) if tok.pre_tokenizer is not None else None
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if (tok.normalizer is not None or state is None or _strip_trim(state) != _PRE_TOKENIZER
+            or not isinstance(tok.model, models.BPE) or tok.model.dropout not in (None, 0.0)
+            or tok.truncation is not None or tok.padding is not None or not tok.encode_special_tokens):
+        return None
+    longest = 0
+    for added in tok.get_added_tokens_decoder().values():
+        s = added.content
+        if added.lstrip or added.rstrip:
+            return None
+        for i, ch in enumerate(s):
+            if ch == "\n" and (i + 1 == len(s) or not s[i + 1].isspace()):
+                return None
+        longest = max(longest, len(s))
+    return longest + 1
+
+
+def added_prefixes(tok) -> frozenset[str]:
+    """Every non-empty prefix (``str``) of every added token's content, special or not."""
+    out: set[str] = set()
+    for added in tok.get_added_tokens_decoder().values():
+        s = added.content
+        out.update(s[:k] for k in range(1, len(s) + 1))
+    return frozenset(out)
+
+
+#: Longest span (characters) whose count a :class:`SpanCounter` keeps for reuse.
+_MEMO_CHARS = 64
+
+_PREPARED: dict[str, tuple[int | None, np.ndarray, frozenset[str]]] = {}
+
+
+def prepare(tok, sha256: str | None = None) -> tuple[int | None, np.ndarray, frozenset[str]]:
+    """``(locality_margin(tok), int64 byte length per id, added_prefixes(tok))``, the
+    arguments of :class:`SpanCounter` besides the text, cached per process by the
+    tokenizer's sha256 when given."""
+    if sha256 and sha256 in _PREPARED:
+        return _PREPARED[sha256]
+    out = (locality_margin(tok), byte_table(tok, sha256)[1], added_prefixes(tok))
+    if sha256:
+        _PREPARED[sha256] = out
+    return out
+
+
+class SpanCounter:
+    """``count(a, b) == len(encode(text[a:b]))`` for ``str`` offsets ``0 <= a < b <= len(text)``.
+
+    ``tok`` the tokenizer (encodes without special tokens); ``ids`` the token ids of the
+    whole ``text`` (any int sequence); ``lengths`` the int64 UTF-8 byte length of every id
+    (:func:`megacpp_core.tokenize.byte_table`); ``margin`` from :func:`locality_margin`
+    (``None``: every span is encoded); ``prefixes`` from :func:`added_prefixes`. When the
+    ids' bytes do not add up to the text's, every span is encoded too. ``encoded_chars``
+    counts the characters encoded so far. Raises nothing of its own; the tokenizer's errors
+    pass through.
+    """
+
+    def __init__(self, tok, text: str, ids: Sequence[int], lengths: np.ndarray, margin: int | None,
+                 prefixes: frozenset[str] = frozenset()):
+        self.tok, self.text, self.margin, self.lengths, self.prefixes = tok, text, margin, lengths, prefixes
+        self.n: int | None = len(ids)
+        self.encoded_chars = 0
+        self.hard = np.zeros(0, dtype=np.int64)
+        self._reach: dict[int, int] = {}
+        self._memo: dict[str, int] = {}
+        if margin is None or not text:
+            return
+        src = text.encode("utf-8", "surrogatepass")
+        widths = lengths[np.asarray(ids, dtype=np.int64)]
+        if int(widths.sum()) != len(src):  # not this text's ids: count every span
+            self.margin, self.n = None, None
+            return
+        starts = np.cumsum(widths) - widths  # byte offset of every token
+        b = np.frombuffer(src, dtype=np.uint8)
+        if len(src) == len(text):
+            self.c2b = None
+            hard = np.flatnonzero((b[:-1] == 10) & (b[1:] >= 0x21) & (b[1:] <= 0x7E)) + 1
+        else:
+            self.c2b = np.append(np.flatnonzero((b & 0xC0) != 0x80), len(src))  # char -> byte
+            codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+            hard = np.flatnonzero((codes[:-1] == 10) & (codes[1:] >= 0x21) & (codes[1:] <= 0x7E)) + 1
+        self.hard = np.concatenate([[0], hard]).astype(np.int64)
+        self.token_starts = starts
+
+    def _byte(self, pos: int) -> int:
+        return pos if self.c2b is None else int(self.c2b[pos])
+
+    def _ids(self, a: int, b: int) -> list[int]:
+        self.encoded_chars += b - a
+        return self.tok.encode(self.text[a:b], add_special_tokens=False).ids
+
+    def _count(self, a: int, b: int) -> int:
+        """``len(encode(text[a:b]))``; short texts (``}\\n``, ``#endif\\n``, ...) are
+        encoded once per counter."""
+        if b - a > _MEMO_CHARS:
+            return len(self._ids(a, b))
+        key = self.text[a:b]
+        n = self._memo.get(key)
+        if n is None:
+            n = self._memo[key] = len(self._ids(a, b))
+        return n
+
+    def reach(self, h: int) -> int:
+        """Smallest ``e > h`` with ``text[h:e]`` not a prefix of an added token;
+        ``len(text) + 1`` when every ``text[h:e]`` up to the end is one."""
+        out = self._reach.get(h)
+        if out is None:
+            text, prefixes, end = self.text, self.prefixes, len(self.text)
+            e = h + 1
+            while e <= end and text[h:e] in prefixes:
+                e += 1
+            out = self._reach[h] = e
+        return out
+
+    def __call__(self, a: int, b: int) -> int:
+        """Exact ``len(encode(text[a:b]))`` (see the module docstring)."""
+        text, hard = self.text, self.hard
+        end = len(text)
+        if a == 0 and b == end and self.n is not None:
+            return self.n
+        if self.margin is None or not len(hard):
+            return self._count(a, b)
+        i = int(np.searchsorted(hard, a, side="left"))
+        j = int(np.searchsorted(hard, b, side="left")) - 1  # the last hard line start < b
+        if b < end:
+            while j >= i and self.reach(int(hard[j])) > b:
+                j -= 1
+        if i >= len(hard) or j < i:
+            return self._count(a, b)
+        h1, hl = int(hard[i]), int(hard[j])
+        left = 0
+        if h1 > a:
+            win = np.asarray(self._ids(a, min(self.reach(h1), end)), dtype=np.int64)
+            w = self.lengths[win]
+            cut = self._byte(h1) - self._byte(a)
+            left = int(np.searchsorted(np.cumsum(w) - w, cut, side="left"))
+        ts = self.token_starts
+        mid = int(np.searchsorted(ts, self._byte(hl), side="left") - np.searchsorted(ts, self._byte(h1), side="left"))
+        return left + mid + self._count(hl, b)
