@@ -89,7 +89,7 @@ def sha_words(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
 @dataclass
 class Source:
     """One source of the index: its scrubbed and minhash shard inputs, its file count and
-    the local start of each rank's block (``rank_start``, ``int64[RANKS + 1]``)."""
+    its number of files of each license rank (``rank_counts``, ``int64[RANKS]``)."""
 
     name: str
     order: int
@@ -138,8 +138,9 @@ class KeepIndex:
             raise DedupInputError(f"two sources share a source_order: {seen}")
         # Groups (rank, source) in keep order: rank first, then source_order.
         by_order = sorted(range(len(self.sources)), key=lambda i: self.sources[i].order)
-        counts = np.array([[self.sources[i].rank_counts[r] for i in by_order] for r in range(RANKS)], np.int64)
-        first = np.concatenate(([0], np.cumsum(counts.ravel())[:-1])).reshape(RANKS, len(by_order))
+        counts = np.array([[self.sources[i].rank_counts[r] for i in by_order] for r in range(RANKS)],
+                          np.int64).reshape(RANKS, len(by_order))
+        first = (np.cumsum(counts.ravel()) - counts.ravel()).reshape(RANKS, len(by_order))
         self.group_first = np.zeros((RANKS, len(self.sources)), np.int64)
         self.group_first[:, by_order] = first
         self.n = int(counts.sum())
@@ -159,10 +160,14 @@ class KeepIndex:
     def build(self, spill_sha=None, minhash_rows: np.ndarray | None = None,
               log=lambda m: None) -> int:
         """Sort and write every source (module doc); returns how many signatures were
-        computed from texts (files missing from the ``minhash`` inputs). ``spill_sha(words uint64[m, 4], g
-        int64[m])`` receives every file's hash and index (the exact pass); ``minhash_rows``
-        (``int32[total minhash rows]``, -1 filled) gets, at each row of the concatenated
-        minhash inputs, the index of that file (-1 for a signature of no scrubbed file)."""
+        computed from texts, :data:`TEXT_BATCH_ROWS` at a time (files missing from the
+        ``minhash`` inputs: their texts are read even when exact verification is off).
+        ``spill_sha(words uint64[m, 4], g int64[m])`` receives every file's hash and index
+        (the exact pass); ``minhash_rows`` (``int32[total minhash rows]``) gets, at each row
+        of the concatenated minhash inputs, the index of that file.
+
+        Raises :class:`DedupInputError` for a signature of no scrubbed file of its source or
+        a second signature of one file (a stale or rewritten ``minhash`` shard)."""
         mh_row = computed = 0
         for s, src in enumerate(self.sources):
             t = self._read_source(src)
@@ -178,16 +183,23 @@ class KeepIndex:
                 if ms.shape[1] != self.num_perm:
                     raise DedupInputError(f"{ref.uri}: signatures of {ms.shape[1]} permutations, expected {self.num_perm}")
                 at = pc.fill_null(pc.index_in(mk, value_set=keys), -1).to_numpy().astype(np.int64)
-                ok = at >= 0
-                sig[at[ok]], have[at[ok]] = ms[ok], True
+                if (at < 0).any():
+                    raise DedupInputError(f"{ref.uri}: signature of {mk[int(np.flatnonzero(at < 0)[0])].as_py()!r}, "
+                                          f"no scrubbed file of {src.name}: the minhash step is stale")
+                u, c = np.unique(at, return_counts=True)
+                dup = np.concatenate((at[have[at]], u[c > 1]))
+                if len(dup):
+                    raise DedupInputError(f"{ref.uri}: a second signature of {keys[int(dup[0])].as_py()!r}")
+                sig[at], have[at] = ms, True
                 if minhash_rows is not None:
-                    minhash_rows[mh_row:mh_row + len(mk)] = np.where(ok, g[np.maximum(at, 0)], -1)
+                    minhash_rows[mh_row:mh_row + len(mk)] = g[at]
                 mh_row += len(mk)
                 del mk, ms
             missing = np.flatnonzero(~have)
+            for lo in range(0, len(missing), TEXT_BATCH_ROWS):  # a batch of texts at a time
+                got = list(self._texts(t, missing[lo:lo + TEXT_BATCH_ROWS].tolist(), src))
+                sig[[r for r, _ in got]] = mh.signatures([text for _, text in got], num_perm=self.num_perm)
             if len(missing):
-                texts = dict(self._texts(t, missing.tolist(), src))
-                sig[missing] = mh.signatures([texts.pop(int(i)) for i in missing], num_perm=self.num_perm)
                 log(f"{src.name}: {len(missing)} signatures computed from the texts")
                 computed += len(missing)
             out = pa.table({"doc_key": keys, "content_sha256": t.column("content_sha256"),
@@ -211,6 +223,9 @@ class KeepIndex:
         if not t.num_rows:
             return t
         keys = t.column("doc_key")
+        other = pc.not_equal(t.column("source"), src.name)
+        if pc.any(other).as_py():
+            raise DedupInputError(f"source {src.name}: a file of source {t.column('source').filter(other)[0].as_py()!r}")
         prefix = pc.starts_with(keys, f"{src.name}/")
         if not pc.all(prefix).as_py():
             bad = keys.filter(pc.invert(prefix))[0].as_py()

@@ -19,10 +19,12 @@ differs:
    in cluster order.
 
 What stays in memory for the whole snapshot: ``kind`` (1 byte), ``twin`` (4 bytes), an
-empty-signature flag (1 byte) and the minhash-row → index map (4 bytes) per file — 10
-bytes a file, 276 MB at 27.6 M files — plus, per drop, its index, twin and Jaccard, and
-the candidate pairs that reach the threshold. Everything else is one source, one bucket
-or one block of pairs at a time.
+empty-signature flag (1 byte), a text-read flag (1 byte) and the minhash-row → index map
+(4 bytes) per file — 11 bytes a file, 304 MB at 27.6 M files — plus, per drop, its index,
+twin and Jaccard, and the cross-source candidate pairs of two files still kept after the
+exact and near passes (16 bytes a pair). The near pass holds one source's signatures
+(512 bytes a file at 128 permutations) and its band keys, so the largest source sets
+that term. Everything else is one source, one bucket or one block of pairs at a time.
 """
 
 from __future__ import annotations
@@ -115,7 +117,8 @@ def deduplicate_partitioned(scrubbed: Sequence, minhash: Sequence, cross_pairs: 
     Raises :class:`~megacpp_core.dedup_index.DedupInputError` on inconsistent inputs
     (duplicate ``doc_key``, a key outside its source, a malformed hash, pairs naming rows
     outside the minhash inputs) and ``ValueError`` for ``num_perm < 112``. With
-    ``verify_exact`` False no text is read: pairs are decided on the estimate alone."""
+    ``verify_exact`` False pairs are decided on the estimate alone and no text is read,
+    except those of files the ``minhash`` inputs lack (their signatures are computed)."""
 
     if num_perm < CROSS_NUM_PERM:
         raise ValueError(f"num_perm must be >= {CROSS_NUM_PERM} for the cross-source pass, got {num_perm}")
@@ -137,10 +140,10 @@ def deduplicate_partitioned(scrubbed: Sequence, minhash: Sequence, cross_pairs: 
         _exact_pass(spill, kind, twin)
     release_memory()
 
-    read: list[np.ndarray] = []
+    read = np.zeros(n, bool)  # files whose text the exact check read (1 byte a file)
 
     def texts_of(g: Sequence[int]):
-        read.append(np.asarray(g, dtype=np.int64))
+        read[np.asarray(g, dtype=np.int64)] = True
         return idx.texts_of(g)
 
     def verify(pairs: np.ndarray) -> np.ndarray:
@@ -212,7 +215,7 @@ def deduplicate_partitioned(scrubbed: Sequence, minhash: Sequence, cross_pairs: 
                                           for j in REPORT_JACCARD}}
 
     near_rep, cross_rep = report(b, r_), report(CROSS_BANDS, CROSS_ROWS)
-    texts_read = int(np.unique(np.concatenate(read)).size) if read else 0
+    texts_read = int(read.sum())
     return {
         "files_in": n, "exact_removed": n_removed["exact"], "near_removed": n_removed["near"],
         "cross_source_removed": n_removed["cross"], "files_out": n - sum(n_removed.values()),

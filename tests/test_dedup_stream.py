@@ -15,7 +15,7 @@ import pytest
 
 from megacpp_checks.schemas import dedup as dedup_schema
 from megacpp_checks.schemas import minhash as minhash_schema
-from megacpp_core import catalog, dedup, dedup_stream, lsh_stream
+from megacpp_core import catalog, dedup, dedup_stream, lsh_stream, spill
 from megacpp_core import minhash as mh
 from megacpp_core.dedup_index import DedupInputError, KeepIndex, sha_words
 from megacpp_core.runner import InputRef
@@ -292,13 +292,14 @@ def _synthetic_shards(tmp_path, files: int, per_source: int = 2000, per_shard: i
     return scrubbed, minhash
 
 
-def test_memory_per_file_is_a_few_bytes_not_the_signature(tmp_path):
+def test_memory_per_file_is_a_few_bytes_not_the_signature(tmp_path, monkeypatch):
     """Traced (Python and numpy) peak of the partitioned dedup on 8,000 and 32,000 files
     with the same source size and bucket size: the difference per added file stays below
-    32 bytes (10 bytes of state per file, plus the exact copies' drop arrays). The
+    32 bytes (11 bytes of state per file, plus the exact copies' drop arrays). The
     in-memory reference holds the 512-byte signature and more per file."""
     import tracemalloc
 
+    monkeypatch.setattr(spill, "BUFFER_BYTES", 1 << 16)  # a constant 8 MiB by default: it would hide the per-file term
     peaks = {}
     for n in (2000, 8000, 32000):  # the first run imports what the passes use (not measured)
         scrubbed, minhash = _synthetic_shards(tmp_path, n)
@@ -315,3 +316,71 @@ def test_memory_per_file_is_a_few_bytes_not_the_signature(tmp_path):
     assert peaks[8000] > 0
     per_file = (peaks[32000] - peaks[8000]) / 24000
     assert per_file < 32, f"{per_file:.1f} traced bytes per added file ({peaks})"
+
+
+def test_stale_or_foreign_signatures_and_an_empty_snapshot(tmp_path):
+    """A signature of no scrubbed file, a second signature of one file and a file that names
+    another source are refused by name; an empty snapshot gives empty tables."""
+    files = _corpus()[:40]
+
+    def run(scrubbed, minhash, name):
+        return dedup_stream.deduplicate_partitioned(scrubbed, minhash, lambda: iter(()), tmp_path / f"w-{name}",
+                                                    tmp_path / f"d-{name}.parquet", tmp_path / f"c-{name}.parquet")
+
+    scrubbed, minhash = _write(tmp_path / "a", files, 1)
+    t = pq.read_table(minhash[0].uri)
+    write_parquet(pa.concat_tables([t, t.slice(2, 1)]), minhash[0].uri)  # alpha's third file signed twice
+    with pytest.raises(DedupInputError, match="a second signature of 'alpha/"):
+        run(scrubbed, minhash, "a")
+
+    scrubbed, minhash = _write(tmp_path / "b", files, 1)
+    t = pq.read_table(minhash[0].uri)
+    write_parquet(signatures_table(["alpha/src/gone.c"] + t.column("doc_key").to_pylist()[1:],
+                                   mh.signatures(["gone"] + [f["text"] for f in files if f["source"] == "alpha"][1:])),
+                  minhash[0].uri)
+    with pytest.raises(DedupInputError, match="'alpha/src/gone.c', no scrubbed file of alpha"):
+        run(scrubbed, minhash, "b")
+
+    scrubbed, minhash = _write(tmp_path / "c", files, 1)  # beta's files gone, its signatures left
+    t = pq.read_table(scrubbed[1].uri)
+    write_parquet(t.slice(0, 0), scrubbed[1].uri)
+    with pytest.raises(DedupInputError, match="no scrubbed file of beta"):
+        run(scrubbed, minhash, "c")
+
+    scrubbed, minhash = _write(tmp_path / "d", files, 1)
+    t = pq.read_table(scrubbed[0].uri)
+    write_parquet(t.set_column(1, "source", pa.array(["alpha"] * 2 + ["beta"] + ["alpha"] * (t.num_rows - 3))),
+                  scrubbed[0].uri)
+    with pytest.raises(DedupInputError, match="source alpha: a file of source 'beta'"):
+        run(scrubbed, minhash, "d")
+
+    fig = run([], [], "empty")
+    assert fig["files_in"] == fig["files_out"] == 0
+    assert pq.read_metadata(tmp_path / "d-empty.parquet").num_rows == 0
+    assert pq.read_metadata(tmp_path / "c-empty.parquet").num_rows == 0
+
+
+def test_spills_hold_no_file_handles_between_writes(tmp_path):
+    """Under a 256-file limit the LSH step spills into 7 bands × 128 key buckets and as many
+    pair buckets, and still gives the pairs of one wide bucket."""
+    import resource
+
+    files = _corpus()
+    _, minhash = _write(tmp_path, files, 2)
+    order = {name: i for i, name in enumerate(SOURCES)}
+    lo, hi = next(iter(catalog.LSH_PAIRS))
+    lsh_stream.band_range_pairs(minhash, order, lo, hi, dedup.CROSS_ROWS, 128, tmp_path / "wide", tmp_path / "p1.parquet",
+                                1 << 20)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        fig = lsh_stream.band_range_pairs(minhash, order, lo, hi, dedup.CROSS_ROWS, 128, tmp_path / "narrow",
+                                          tmp_path / "p2.parquet", 1)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert fig["key_buckets"] > 256 and fig["pair_buckets"] > 1
+    assert pq.read_table(tmp_path / "p2.parquet").equals(pq.read_table(tmp_path / "p1.parquet"))
+    with BucketSpill(tmp_path / "buf", 2, np.int64, buffer_bytes=16) as s:  # flushes every 2 records
+        for v in range(7):
+            s.add(np.array([v % 2]), np.array([v]))
+    assert s.read(0).tolist() == [0, 2, 4, 6] and s.read(1).tolist() == [1, 3, 5]

@@ -92,7 +92,7 @@ def test_greedy_fit_takes_every_file_that_still_fits_in_hash_order():
 
     rng = np.random.default_rng(2)
     for trial in range(200):
-        n = rng.integers(1, 50, int(rng.integers(0, 400))).astype(np.int64)
+        n = rng.integers(0 if trial % 2 else 1, 50, int(rng.integers(0, 400))).astype(np.int64)  # odd: 0-byte files
         room = int(rng.integers(0, 3000))
         want, left = [], room
         for i, x in enumerate(n.tolist()):  # the reference: one file at a time
@@ -101,6 +101,8 @@ def test_greedy_fit_takes_every_file_that_still_fits_in_hash_order():
                 left -= x
         got, used = _fits(n, room, 7)
         assert got.tolist() == want and used == 7 + room - left, trial
+    assert _fits(np.array([5, 3, 0], np.int64), 5, 0)[0].tolist() == [0, 2]  # budget used up: 0 bytes still fit
+    assert _fits(np.array([0, 1], np.int64), 0, 0)[0].tolist() == [0]
 
 
 def test_sample_streams_with_tiny_buckets_and_a_decisions_reference(tmp_path):
