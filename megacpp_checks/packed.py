@@ -7,8 +7,9 @@ exists with the recorded sha256, that no unlisted shard is present, and that eve
 every file satisfies the row contract twice: the pandera schema
 (:mod:`megacpp_checks.schemas.packed`) and :func:`megacpp_core.pack.check_rows`.
 
-Memory is :data:`CHECK_ROWS` rows, not a file or a row group (SPEC §6: 1,024 rows): the
-sha256 is streamed and the rows are read and checked :data:`CHECK_ROWS` rows at a time
+Memory is :data:`CHECK_ROWS` rows of at most 8,192 tokens (fewer rows when rows are
+longer: :func:`megacpp_core.pack.check_batch_rows`), not a file or a row group (SPEC §6:
+1,024 rows): the sha256 is streamed and the rows are read and checked that many at a time
 (record batches of one row group at a time; the checks build ``(rows, L)`` matrices);
 ``pack_id`` uniqueness, the one rule across rows, is checked over the whole directory from
 the ids alone.
@@ -85,12 +86,13 @@ def verify_packed_dir(path: str | os.PathLike, out: Callable[[str], None] = prin
             failures.append(f"{fp}: sha256 differs from {pack.SUCCESS}")
             continue
         pf = d.parquet_file(f["file"])
+        batch_rows = pack.check_batch_rows(sentinel["row_length"], CHECK_ROWS)
         for g in range(pf.num_row_groups):
             where_g = f"{fp} (row group {g})" if pf.num_row_groups > 1 else fp
             n_g, bad, a = pf.metadata.row_group(g).num_rows, len(failures), 0
-            for batch in pf.iter_batches(batch_size=CHECK_ROWS, row_groups=[g], use_threads=False):
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], use_threads=False):
                 part = pa.Table.from_batches([batch])
-                where_p = where_g if n_g <= CHECK_ROWS else f"{where_g} rows {a}..{a + part.num_rows - 1}"
+                where_p = where_g if n_g <= batch_rows else f"{where_g} rows {a}..{a + part.num_rows - 1}"
                 a += part.num_rows
                 ok, detail = validate_packed(part, sentinel["row_length"], sentinel["vocab_size"], tk.BOS_ID,
                                              tk.PAD_ID, where=where_p)

@@ -201,8 +201,9 @@ def write_rows(p: PackPlan, refs: list, source_order: dict[str, int], settings, 
             raise RuntimeError(f"packing group {g}: {rows.num_rows} rows built, {p.group_rows[g]} planned")
         rows = rows.set_column(rows.schema.get_field_index("pack_id"), "pack_id",
                                pa.array(np.arange(offset, offset + rows.num_rows, dtype=np.int64)))
-        for a in range(0, rows.num_rows, pack.CHECK_ROWS):  # the producer's assertion, a slice at a time
-            s = pack.check_rows(rows.slice(a, pack.CHECK_ROWS), settings.row_length, vocab_size, tk.BOS_ID, tk.PAD_ID,
+        step = pack.check_batch_rows(settings.row_length)
+        for a in range(0, rows.num_rows, step):  # the producer's assertion, a slice at a time
+            s = pack.check_rows(rows.slice(a, step), settings.row_length, vocab_size, tk.BOS_ID, tk.PAD_ID,
                                 where=f"packed rows (group {g}, rows from {a})")
             for k in summary:
                 summary[k] += s[k]
