@@ -8,7 +8,7 @@ every file satisfies the row contract twice: the pandera schema
 (:mod:`megacpp_checks.schemas.packed`) and :func:`megacpp_core.pack.check_rows`.
 
 Memory is :data:`CHECK_ROWS` rows of at most 8,192 tokens (fewer rows when rows are
-longer: :func:`megacpp_core.pack.check_batch_rows`), not a file or a row group (SPEC §6:
+longer: :func:`megacpp_core.pack_stream.check_batch_rows`), not a file or a row group (SPEC §6:
 1,024 rows): the sha256 is streamed and the rows are read and checked that many at a time
 (record batches of one row group at a time; the checks build ``(rows, L)`` matrices);
 ``pack_id`` uniqueness, the one rule across rows, is checked over the whole directory from
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from megacpp_core import pack
+from megacpp_core import pack, pack_stream
 from megacpp_core import tokenizer as tk
 from megacpp_core.storage import DataRoot, is_url
 
@@ -86,7 +86,7 @@ def verify_packed_dir(path: str | os.PathLike, out: Callable[[str], None] = prin
             failures.append(f"{fp}: sha256 differs from {pack.SUCCESS}")
             continue
         pf = d.parquet_file(f["file"])
-        batch_rows = pack.check_batch_rows(sentinel["row_length"], CHECK_ROWS)
+        batch_rows = pack_stream.check_batch_rows(sentinel["row_length"], CHECK_ROWS)
         for g in range(pf.num_row_groups):
             where_g = f"{fp} (row group {g})" if pf.num_row_groups > 1 else fp
             n_g, bad, a = pf.metadata.row_group(g).num_rows, len(failures), 0

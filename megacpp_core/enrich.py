@@ -49,26 +49,16 @@ import tree_sitter
 import tree_sitter_c
 import tree_sitter_cpp
 
-from . import ast_types, chunk
+from . import ast_types, chunk, tree_arrays
 from .chunk import ParsedSource, StructureCategory
 
-__all__ = [
-    "ENRICHMENT_VERSION",
-    "MAX_DEPTH",
-    "Unit",
-    "FileEnrichment",
-    "DocumentEnrichment",
-    "enrich_file",
-    "file_units",
-    "line_units",
-    "document_enrichment",
-    "dep_levels",
-]
+__all__ = ["ENRICHMENT_VERSION", "MAX_DEPTH", "Unit", "FileEnrichment", "DocumentEnrichment", "enrich_file",
+           "file_units", "line_units", "document_enrichment", "dep_levels"]
 
 #: Version of the enrichment rules; recorded with every enriched artifact.
 ENRICHMENT_VERSION = "v1"
-#: Clamp of ``ast_depth`` and ``sibling_index`` (SPEC §4: "clamped 63").
-MAX_DEPTH = 63
+#: Clamp of ``ast_depth`` and ``sibling_index`` (SPEC §4: "clamped 63"; :mod:`megacpp_core.tree_arrays`).
+MAX_DEPTH = tree_arrays.MAX_DEPTH
 
 _S = StructureCategory
 _PREAMBLE = {"preproc_include", "preproc_def", "preproc_function_def", "preproc_call"}
@@ -116,54 +106,6 @@ def _kinds(grammar: str) -> tuple[dict[int, str], bytearray, bytearray]:
             role[i] = _CLASS_BODY
     _ROLES[grammar] = np.frombuffer(bytes(role), dtype=np.uint8)
     return names, recorded, role
-
-
-def _depths(parents: np.ndarray) -> np.ndarray:
-    """Number of ancestors of every node (pre-order parent array, -1 for the root),
-    clamped at :data:`MAX_DEPTH`, by binary lifting over jumps of 32, 16, ..., 1."""
-    n = len(parents)
-    up = [np.where(parents < 0, n, parents)]
-    up[0] = np.append(up[0], n)  # n: above the root
-    for _ in range(5):
-        up.append(up[-1][up[-1]])
-    cur = np.arange(n)
-    depth = np.zeros(n, dtype=np.int64)
-    for k in range(5, -1, -1):
-        nxt = up[k][cur]
-        ok = nxt != n
-        cur = np.where(ok, nxt, cur)
-        depth += ok.astype(np.int64) << k
-    return depth
-
-
-def _sibling_index(parents: np.ndarray) -> np.ndarray:
-    """Index of every node among its parent's children (the root: 0), clamped at
-    :data:`MAX_DEPTH`; children follow each other in pre-order, so a stable sort by parent
-    lists each parent's children in order."""
-    n = len(parents)
-    order = np.argsort(parents, kind="stable")
-    ps = parents[order]
-    first = np.flatnonzero(np.concatenate(([True], ps[1:] != ps[:-1])))
-    rank = np.arange(n) - np.repeat(first, np.diff(np.append(first, n)))
-    out = np.empty(n, dtype=np.int64)
-    out[order] = np.minimum(rank, MAX_DEPTH)
-    return out
-
-
-def _in_type_context(nodes: np.ndarray, parents: np.ndarray, roles: np.ndarray) -> np.ndarray:
-    """For each node index: is its nearest ancestor of role type context or statements one
-    of type context (False when there is none)? Walks up all of them at once."""
-    out = np.zeros(len(nodes), dtype=bool)
-    cur = parents[nodes]
-    act = np.flatnonzero(cur >= 0)
-    while act.size:
-        r = roles[cur[act]]
-        hit = (r == _TYPE_CONTEXT) | (r == _STATEMENTS)
-        out[act[r == _TYPE_CONTEXT]] = True
-        act = act[~hit]
-        cur[act] = parents[cur[act]]
-        act = act[cur[act] >= 0]
-    return out
 
 
 def _last_name(text: str) -> str:
@@ -313,7 +255,7 @@ class _Walk:
         self.parents = np.asarray(parents, dtype=np.int64)
         self.kind_ids = np.asarray(kind_ids, dtype=np.int64)
         self.has_error = bool((self.kind_ids == _ERROR_KIND).any())
-        self.depths, self.sibs = _depths(self.parents), _sibling_index(self.parents)
+        self.depths, self.sibs = tree_arrays.depths(self.parents), tree_arrays.sibling_index(self.parents)
         self.paint: list[tuple[int, int, int]] = []  # (start_byte, end_byte, category) in pre-order
         self.calls: list[tuple[int, str]] = []
         self.uses: list[tuple[int, str]] = []
@@ -329,8 +271,9 @@ class _Walk:
                 p = parents[i]
                 self._special(node, t, starts[i], ends[i], src, p >= 0 and role[kind_ids[p]] == _CLASS_BODY)
         if type_ids:
-            inside = _in_type_context(np.fromiter((i for i, _ in type_ids), dtype=np.int64, count=len(type_ids)),
-                                      self.parents, _ROLES[parsed.grammar][self.kind_ids])
+            inside = tree_arrays.nearest_role_is(np.fromiter((i for i, _ in type_ids), dtype=np.int64, count=len(type_ids)),
+                                                 self.parents, _ROLES[parsed.grammar][self.kind_ids],
+                                                 _TYPE_CONTEXT, _STATEMENTS)
             self.uses = [(starts[i], node.text.decode("utf-8", "replace"))
                          for (i, node), ok in zip(type_ids, inside.tolist()) if ok]
 

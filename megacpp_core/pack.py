@@ -416,18 +416,6 @@ def check_row_arrays(inp: np.ndarray, tgt: np.ndarray, msk: np.ndarray, dids: np
 #: Rows checked at once by the callers of :func:`check_rows` on many rows (the packer, the
 #: packed gate): its ``(rows, L)`` matrices are a few MiB each at L = 8,192 (implementation choice).
 CHECK_ROWS = 128
-#: Tokens checked at once: longer rows are checked fewer at a time (:func:`check_batch_rows`),
-#: so the matrices stay the size of 128 rows of 8,192 whatever the row length.
-CHECK_TOKENS = 128 * 8192
-
-
-def check_batch_rows(row_length: int, rows: int = CHECK_ROWS) -> int:
-    """Rows per :func:`check_rows` call at ``row_length``: at most ``rows`` (default
-    :data:`CHECK_ROWS`) and at most :data:`CHECK_TOKENS` tokens, at least 1 (16 rows of
-    65,536 tokens, 64 of 16,384, 128 of 8,192 or less)."""
-    return max(1, min(rows, CHECK_TOKENS // max(1, row_length)))
-
-
 def check_rows(table: pa.Table, row_length: int, vocab_size: int, bos_id: int, pad_id: int, where: str = "rows") -> dict:
     """Assert the SPEC §6 row contract on every row; return summary figures.
 

@@ -45,6 +45,21 @@ SUMMARY_COLUMNS = kept.DOCUMENT_ORDER_COLUMNS + ["n_tokens"]
 FIM_COUNTS = ("fim_psm", "fim_spm", "fim_skipped_too_long", "fim_doc_comment_masked_tokens", "fim_doc_comment_docs")
 
 
+#: Tokens the row-contract check (:func:`megacpp_core.pack.check_rows`) takes at once:
+#: rows longer than 8,192 are checked fewer at a time, so its matrices stay the size of
+#: :data:`~megacpp_core.pack.CHECK_ROWS` rows of 8,192 whatever the row length.
+CHECK_TOKENS = 128 * 8192
+
+
+def check_batch_rows(row_length: int, rows: int | None = None) -> int:
+    """Rows per :func:`~megacpp_core.pack.check_rows` call at ``row_length``: at most
+    ``rows`` (default :data:`~megacpp_core.pack.CHECK_ROWS`) and at most
+    :data:`CHECK_TOKENS` tokens, at least 1 (16 rows of 65,536 tokens, 64 of 16,384, 128
+    of 8,192 or less)."""
+    rows = pack.CHECK_ROWS if rows is None else rows
+    return max(1, min(rows, CHECK_TOKENS // max(1, row_length)))
+
+
 def fim_length(doc_key: str, n: int, cfg: fim.FimConfig, row_length: int) -> int:
     """Length (tokens, BOS included) of a document of ``n`` tokens after FIM: ``n + 3``
     when :func:`megacpp_core.fim.decide` draws it and the markers still fit ``row_length``
@@ -201,7 +216,7 @@ def write_rows(p: PackPlan, refs: list, source_order: dict[str, int], settings, 
             raise RuntimeError(f"packing group {g}: {rows.num_rows} rows built, {p.group_rows[g]} planned")
         rows = rows.set_column(rows.schema.get_field_index("pack_id"), "pack_id",
                                pa.array(np.arange(offset, offset + rows.num_rows, dtype=np.int64)))
-        step = pack.check_batch_rows(settings.row_length)
+        step = check_batch_rows(settings.row_length)
         for a in range(0, rows.num_rows, step):  # the producer's assertion, a slice at a time
             s = pack.check_rows(rows.slice(a, step), settings.row_length, vocab_size, tk.BOS_ID, tk.PAD_ID,
                                 where=f"packed rows (group {g}, rows from {a})")

@@ -548,11 +548,23 @@ def encode(tok: Tokenizer, text: str) -> np.ndarray:
     return np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
 
 
+#: Texts per ``tokenizers`` batch call in :func:`encode_batch`. Implementation choice: an
+#: ``Encoding`` holds its tokens' strings, offsets and masks beside the ids (about 150
+#: bytes a token), so one call over a revision's 28,627 files (boost 1.81, 32 M tokens)
+#: held 5.6 GB; a batch of 256 files holds a few MB and still fills both cores.
+ENCODE_BATCH_TEXTS = 256
+
+
 def encode_batch(tok: Tokenizer, texts: Iterable[str]) -> list[np.ndarray]:
-    """:func:`encode` for many texts (parallel in ``tokenizers``); output order matches input."""
+    """:func:`encode` for many texts (parallel in ``tokenizers``), :data:`ENCODE_BATCH_TEXTS`
+    texts per call: ``[uint32[n_i]]``, in input order. Only the ids are kept (4 bytes a token)."""
     _require_literal_specials(tok)
-    encodings = tok.encode_batch(list(texts), add_special_tokens=False)
-    return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
+    texts = list(texts)
+    fast = getattr(tok, "encode_batch_fast", None) or tok.encode_batch  # the same ids, without offsets
+    out: list[np.ndarray] = []
+    for lo in range(0, len(texts), ENCODE_BATCH_TEXTS):
+        out += [np.asarray(e.ids, dtype=np.uint32) for e in fast(texts[lo:lo + ENCODE_BATCH_TEXTS], add_special_tokens=False)]
+    return out
 
 
 def decode(tok: Tokenizer, ids: Iterable[int] | np.ndarray) -> str:

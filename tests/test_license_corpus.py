@@ -95,7 +95,7 @@ def test_header_scans_are_cached_across_files(corpus):
     assert scanner.scans < 10 < scanner.cache_hits
 
 
-def test_stored_answers_give_the_same_table(corpus):
+def test_stored_answers_give_the_same_table(corpus, tmp_path):
     """A fresh scanner reads every ScanCode answer from the result store under the data
     root's cache (no ScanCode run) and writes the same bytes; a store of another ScanCode
     (another namespace) answers nothing and ScanCode runs again, with the same bytes."""
@@ -111,7 +111,7 @@ def test_stored_answers_give_the_same_table(corpus):
     assert (warm.scans, res.figures["scancode_runs"]) == (0, 0) and warm.store_hits > 0
     assert res.figures["scancode_store_hits"] == warm.store_hits and path.read_bytes() == want
     foreign = lic.Scanner(ResultStore(DataRoot(layout.data_root).cache_dir / license_stage.STORE_DIR,
-                                          ns="another scancode"))
+                                          ns=f"another scancode for {tmp_path.name}"))  # never stored before
     stages.run("license", layout.data_root, manifest, "psycopg2-2.9.13", tools={"scancode": foreign})
     assert foreign.scans > 0 and foreign.store_hits == 0 and path.read_bytes() == want
 

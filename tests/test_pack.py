@@ -128,12 +128,14 @@ def test_verify_reads_row_groups_and_finds_a_bad_row_and_a_repeated_pack_id(tmp_
     monkeypatch.undo()
     # longer rows are checked fewer at a time: the same tokens per batch (rows of 128
     # tokens here: 3 at a time under a 400-token cap, the bad row in rows 6..8)
-    monkeypatch.setattr(pack, "CHECK_TOKENS", 400)
-    assert [pack.check_batch_rows(L) for L in (128, 400, 10**6)] == [3, 1, 1]
+    from megacpp_core import pack_stream
+
+    monkeypatch.setattr(pack_stream, "CHECK_TOKENS", 400)
+    assert [pack_stream.check_batch_rows(L) for L in (128, 400, 10**6)] == [3, 1, 1]
     r = verify_packed_dir(bad, out=lambda m: None, tokenizer_sha256="x" * 64, vocab_size=V)
     assert not r.ok and "(row group 1) rows 6..8" in r.failures[0], r.failures
     monkeypatch.undo()
-    assert [pack.check_batch_rows(L) for L in (4096, 8192, 16384, 65536)] == [128, 128, 64, 16]
+    assert [pack_stream.check_batch_rows(L) for L in (4096, 8192, 16384, 65536)] == [128, 128, 64, 16]
 
     twice = tmp_path / "twice"
     pack.write_shards(t, twice, row_length=128, vocab_size=V, tokenizer_sha256="x" * 64, max_docs_per_shard=100)

@@ -248,3 +248,53 @@ def test_p4_rows_carry_each_documents_planes_and_graph_at_its_row_positions(tiny
             n += 1
         assert not any(ds.defaulted.values())
     assert n == len(rows)
+
+
+def test_the_gate_reads_p4_back_in_batches_and_catches_a_crossing_chunk(tiny_run, tmp_path, monkeypatch):
+    """The stage's gate passes on the real tiny documents read back a few at a time, and
+    fails on a chunk spanning a whole multi-file piece and on a missing document."""
+    import shutil
+    from pathlib import Path
+
+    from megacpp_core import catalog
+    from megacpp_core.runner import InputRef
+    from megacpp_core.stage import Partition
+    from megacpp_core.stages import structure_documents as stage
+    from megacpp_core.storage import DataRoot
+
+    root, _ = tiny_run
+    layout = SnapshotLayout(root, "tiny")
+    src = next(p.parent.parent.name for p in sorted(layout.root.glob("revisions/*/families/p3_repo.parquet"))
+               if pq.read_table(p, columns=["n_files"]).column("n_files").to_numpy().max(initial=0) > 1)
+    part = Partition("tiny", src)
+    P3, P4 = catalog.FAMILY_DOCUMENTS["p3_repo"], catalog.FAMILY_DOCUMENTS["p4_structure"]
+    data = DataRoot(tmp_path / "root")
+    for d in (P3, P4):
+        dst = data.local_path(d.key(part))
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(root) / d.key(part), dst)
+
+    class G:
+        figures = {"chunks": 0, "cross_file_call_edges": 0, "cross_file_type_edges": 0}
+
+        def input(self, name):
+            return InputRef(data, P3, part)
+
+        def output(self, name):
+            return InputRef(data, P4, part)
+
+    monkeypatch.setattr(stage, "GATE_BATCH_DOCS", 2)
+    ok, detail = stage.same_documents_as_p3(G())
+    assert ok, detail
+    p4_path = data.local_path(P4.key(part))
+    t = pq.read_table(p4_path)
+    i = int(np.argmax(t.column("n_files").to_numpy()))  # a piece of several files
+    rows = t.to_pylist()
+    n = len(rows[i]["input_ids"])
+    rows[i]["chunk_boundaries"] = [dict(rows[i]["chunk_boundaries"][0], start=0, end=n)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), p4_path)
+    ok, detail = stage.same_documents_as_p3(G())
+    assert not ok and "a chunk crosses a file separator" in detail, detail
+    pq.write_table(t.slice(0, t.num_rows - 1), p4_path)
+    ok, detail = stage.same_documents_as_p3(G())
+    assert not ok and "keys differ" in detail, detail

@@ -71,25 +71,37 @@ def compute(ctx) -> Result:
     return Result({P4.name: table}, figures)
 
 
+#: Documents the gate reads back at once (their planes and chunk graph).
+GATE_BATCH_DOCS = 64
+
+
 def same_documents_as_p3(g):
     """Re-read from the data root: the ``p4_structure`` documents are the ``p3_repo``
     documents (same keys and ids, in order), every plane has one value per token, and no
     chunk holds a file separator (a chunk never crosses from one file into the next)."""
-    p4 = g.read(P4.name, columns=["doc_key", "input_ids", "chunk_boundaries", *pack.PLANES])
-    p3 = g.input(P3.name).read(columns=["doc_key", "input_ids"])
-    if p4.column("doc_key").to_pylist() != p3.column("doc_key").to_pylist():
+    p3 = g.input(P3.name).read(columns=["doc_key", "input_ids"])  # arrow, not Python objects
+    keys3, ids3 = p3.column("doc_key"), p3.column("input_ids")
+    sep, at = FILE_SEP_ID, 0
+    for batch in g.output(P4.name).iter_batches(["doc_key", "input_ids", "chunk_boundaries", *pack.PLANES],
+                                                 batch_size=GATE_BATCH_DOCS):
+        m = batch.num_rows
+        if at + m > p3.num_rows or batch.column(0).to_pylist() != keys3.slice(at, m).to_pylist():
+            return False, "p4_structure keys differ from p3_repo's"
+        ids = batch.column(1)
+        if not ids.equals(ids3.slice(at, m).combine_chunks()):
+            return False, "p4_structure ids differ from p3_repo's"
+        n = pc.list_value_length(ids)
+        for p in pack.PLANES:
+            if not pc.all(pc.equal(pc.list_value_length(batch.column(p)), n)).as_py():
+                return False, f"{p} does not have one value per token"
+        offs, flat = ids.offsets.to_numpy(), ids.values.to_numpy(zero_copy_only=False)
+        for j, (key, chunks) in enumerate(zip(batch.column(0).to_pylist(), batch.column(2).to_pylist())):
+            if not sd.chunks_inside_files(flat[offs[j]:offs[j + 1]], chunks, sep):
+                return False, f"{key}: a chunk crosses a file separator"
+        at += m
+    if at != p3.num_rows:
         return False, "p4_structure keys differ from p3_repo's"
-    if not p4.column("input_ids").equals(p3.column("input_ids")):
-        return False, "p4_structure ids differ from p3_repo's"
-    n = pc.list_value_length(p4.column("input_ids"))
-    for p in pack.PLANES:
-        if not pc.all(pc.equal(pc.list_value_length(p4.column(p)), n)).as_py() and p4.num_rows:
-            return False, f"{p} does not have one value per token"
-    sep = FILE_SEP_ID
-    for key, ids, chunks in zip(*(p4.column(c).to_pylist() for c in ("doc_key", "input_ids", "chunk_boundaries"))):
-        if not sd.chunks_inside_files(ids, chunks, sep):
-            return False, f"{key}: a chunk crosses a file separator"
-    return True, (f"{p4.num_rows} documents as p3_repo's, planes aligned; {g.figures['chunks']} chunks, "
+    return True, (f"{p3.num_rows} documents as p3_repo's, planes aligned; {g.figures['chunks']} chunks, "
                   f"{g.figures['cross_file_call_edges'] + g.figures['cross_file_type_edges']} cross-file edges")
 
 
