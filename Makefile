@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 export DAGSTER_HOME ?= $(CURDIR)/data/dagster_home
 export MEGACPP_DATA_ROOT ?= $(CURDIR)/data
 
-.PHONY: install sysdeps demo test ui clean
+.PHONY: install sysdeps demo test ui clean bench-peer
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,23 @@ test: install sysdeps
 	$(BIN)/lint-imports --no-cache
 	@$(BIN)/python -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+# bench/peer_datatrove.py: datatrove 0.10.1 in a virtualenv of its own (never a dependency of
+# the project), pinned in bench/peer-requirements.txt; then the benchmark on CORPUS under the
+# data root (a finished `megacpp run --corpus CORPUS`; PEER_ARGS e.g. --repeat 3).
+PEER_VENV := bench/.venv-peer
+PEER_STAMP := $(PEER_VENV)/.installed-stamp
+CORPUS ?= default
+PEER_ARGS ?=
+
+$(PEER_STAMP): bench/peer-requirements.txt
+	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install --quiet -r bench/peer-requirements.txt
+	touch $(PEER_STAMP)
+
+bench-peer: install $(PEER_STAMP)
+	$(BIN)/python bench/peer_datatrove.py --corpus $(CORPUS) --data-root $(MEGACPP_DATA_ROOT) \
+	  --peer-python $(PEER_VENV)/bin/python $(PEER_ARGS)
 
 ui: install
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1

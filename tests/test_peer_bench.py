@@ -1,0 +1,104 @@
+"""bench/peer_datatrove.py without datatrove: the inputs it selects from a finished
+snapshot are the ones our stages read, its parquet export is what datatrove's reader
+expects, and our side's child runs the dedup steps on a linked copy of the snapshot and
+reports the figures the comparison prints (no time is asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def peer():
+    """The benchmark script as a module (``bench/`` on ``sys.path`` for its helpers)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("peer_datatrove", BENCH / "peer_datatrove.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_missing_outputs_name_every_required_file(peer, tmp_path):
+    missing = peer.missing_outputs(tmp_path, "tiny")
+    assert set(peer.REQUIRED) <= set(missing)
+    with pytest.raises(FileNotFoundError, match="megacpp run --corpus tiny"):
+        peer.input_texts(tmp_path, "tiny")
+
+
+def test_inputs_are_what_our_stages_read(peer, tiny_run, tmp_path):
+    root, _ = tiny_run
+    snap = root / "snapshots" / "tiny"
+    assert peer.missing_outputs(root, "tiny") == []
+    got = peer.input_texts(root, "tiny")
+    for table in got.values():
+        assert table.column_names == ["doc_key", "text"]
+        assert table.column("text").null_count == 0
+
+    scrubbed = sorted(snap.glob("revisions/*/shards/*/scrubbed.parquet"))
+    assert got["scrubbed"].num_rows == sum(pq.ParquetFile(p).metadata.num_rows for p in scrubbed)
+    dedup_figures = json.loads((snap / "figures" / "dedup.json").read_text())
+    assert got["scrubbed"].num_rows == dedup_figures["files_in"]
+
+    decisions = pq.read_table(snap / "dedup" / "decisions.parquet", columns=["doc_key", "keep"])
+    kept_keys = pc.filter(decisions.column("doc_key"), decisions.column("keep")).to_pylist()
+    assert sorted(got["kept"].column("doc_key").to_pylist()) == sorted(kept_keys)
+    assert got["kept"].num_rows == dedup_figures["files_out"]
+
+    chunk_files = sorted(snap.glob("revisions/*/shards/*/chunks.parquet"))
+    assert got["chunks"].num_rows == sum(pq.ParquetFile(p).metadata.num_rows for p in chunk_files)
+    # the chunks are the kept files cut into pieces: the same text, byte for byte
+    by_file: dict[str, list] = {}
+    chunks = pq.read_table(chunk_files[0], columns=["file_key", "chunk_index", "text"]).to_pylist()
+    for c in chunks:
+        by_file.setdefault(c["file_key"], []).append((c["chunk_index"], c["text"]))
+    kept = dict(zip(got["kept"].column("doc_key").to_pylist(), got["kept"].column("text").to_pylist()))
+    for key, parts in by_file.items():
+        assert "".join(t for _, t in sorted(parts)) == kept[key]
+
+    stats = peer.text_stats(got["kept"])
+    assert stats["documents"] == got["kept"].num_rows and stats["mb"] > 0
+    folder = peer.export_for_peer(got["scrubbed"], tmp_path / "scrubbed")
+    exported = pq.read_table(folder)
+    assert exported.column_names == ["id", "text"]
+    assert exported.column("id").to_pylist() == got["scrubbed"].column("doc_key").to_pylist()
+
+
+def test_our_dedup_child_on_a_linked_copy(peer, tiny_run, tmp_path):
+    root, _ = tiny_run
+    from megacpp_core.manifest import load_manifest
+    from megacpp_core.storage import open_root
+
+    snap = root / "snapshots" / "tiny"
+    manifest = load_manifest(str(snap / "manifest.yaml"))
+    steps = peer.our_steps("dedup", open_root(str(root)), manifest)
+    names = [st.name for st, _ in steps]
+    shards = len(sorted(snap.glob("revisions/*/shards/*/scrubbed.parquet")))
+    assert names == ["minhash"] * shards + ["lsh_bands_00_07", "lsh_bands_07_14", "dedup"]
+    with pytest.raises(KeyError):
+        peer.our_steps("nothing", open_root(str(root)), manifest)
+
+    before = {p: p.stat().st_mtime_ns for p in snap.rglob("*") if p.is_file()}
+    copy = peer._link_snapshot(root, "tiny", tmp_path / "root")
+    out = tmp_path / "ours.json"
+    peer.ours_child("dedup", str(copy), "tiny", str(out))
+    res = json.loads(out.read_text())
+    assert res["steps"] == len(steps) and res["peak_rss_mib"] > 0
+    assert set(res["stage_seconds"]) == {"minhash", "lsh_bands_00_07", "lsh_bands_07_14", "dedup"}
+    want = json.loads((snap / "figures" / "dedup.json").read_text())
+    for k in ("files_in", "files_out", "exact_removed", "near_removed", "cross_source_removed", "clusters"):
+        assert res["figures"][k] == want[k], k
+    assert len(res["removed"]) == want["files_in"] - want["files_out"]
+    # the snapshot it read is untouched
+    assert {p: p.stat().st_mtime_ns for p in snap.rglob("*") if p.is_file()} == before
