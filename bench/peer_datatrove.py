@@ -40,7 +40,8 @@ largest reading over its steps since our runner resets it per step; datatrove's
    14 buckets × 8 hashes = 112 hashes, seed 1, 32-bit hashes (``--peer-hash-precision``),
    and a word tokenizer that splits exactly as ours (runs of ``[A-Za-z0-9_]``) with every
    text normalization off, so both sides shingle the same tokens (datatrove's English
-   default needs NLTK's punkt data, which no package registry serves). Ours: the
+   default, NLTK's ``word_tokenize``, needs the punkt data that ``nltk.download`` fetches
+   at run time, not a package). Ours: the
    ``minhash`` stage on every shard, the two ``lsh_bands`` steps (cross-source 14 × 8 over
    112 permutations) and the ``dedup`` stage (exact, near within a source at 20 × 6 over
    128 permutations, cross-source; candidates verified on the estimate and the exact
