@@ -54,32 +54,6 @@ TABLE_BLOCK = 16 * ROW_GROUP_SIZE
 _EXACT_RECORD = np.dtype([("h", "<u8", (4,)), ("g", "<i8")])
 
 
-class _Rebatch:
-    """Writes tables to a :class:`~megacpp_core.tables.ParquetStream` in whole row groups of
-    :data:`~megacpp_core.tables.ROW_GROUP_SIZE` rows (the last one short), so the file has
-    the bytes of one ``write_table`` of all rows whatever the sizes written."""
-
-    def __init__(self, stream: ParquetStream):
-        self.stream, self.pending = stream, []
-        self.rows, self.written = 0, False
-
-    def write(self, table: pa.Table) -> None:
-        self.pending.append(table)
-        self.rows += table.num_rows
-        whole = self.rows - self.rows % ROW_GROUP_SIZE
-        if whole:
-            t = pa.concat_tables(self.pending).combine_chunks()
-            self.stream.write(t.slice(0, whole))
-            self.pending, self.rows, self.written = [t.slice(whole)], self.rows - whole, True
-
-    def close(self, schema: pa.Schema) -> None:
-        """Write what is pending; a table that never had a row is written as one empty
-        row group, as ``write_table`` writes an empty table."""
-        if self.rows or not self.written:
-            self.stream.write(pa.concat_tables(self.pending).combine_chunks() if self.pending else schema.empty_table())
-        self.pending, self.rows, self.written = [], 0, True
-
-
 def _exact_pass(spill: BucketSpill, kind: np.ndarray, twin: np.ndarray) -> None:
     """Every file but the first (lowest index) of its sha256 becomes an exact drop naming
     that first file; one bucket in memory at a time."""
@@ -251,8 +225,7 @@ def _write_tables(idx: KeepIndex, kind: np.ndarray, twin: np.ndarray, dropped: n
         return out
 
     names = [src.name for src in idx.sources]
-    with ParquetStream(decisions_path, DECISIONS_SCHEMA) as out:
-        w = _Rebatch(out)
+    with ParquetStream(decisions_path, DECISIONS_SCHEMA, whole_row_groups=True) as out:
         for s in sorted(range(len(names)), key=lambda i: (names[i] + "/").encode("utf-8")):
             if not idx.sources[s].n:
                 continue
@@ -267,13 +240,12 @@ def _write_tables(idx: KeepIndex, kind: np.ndarray, twin: np.ndarray, dropped: n
                 j[~keep] = jac[drop_pos]
                 twin_keys = take_rows(idx.keys(twin[g[~keep]].astype(np.int64)),
                                       np.cumsum(~keep) - 1, keep) if (~keep).any() else pa.nulls(len(g), pa.string())
-                w.write(pa.table({
+                out.write(pa.table({
                     "doc_key": part.column("doc_key"), "keep": pa.array(keep), "dup_kind": dup_kinds(kind[g]),
                     "kept_twin": twin_keys, "jaccard": pa.array(j, mask=keep), "cluster_id": pa.array(cluster(g, keep)),
                     "content_sha256": part.column("content_sha256"),
                 }, schema=DECISIONS_SCHEMA))
             del t
-        w.close(DECISIONS_SCHEMA)
 
     rows = np.concatenate((kept_ids, dropped))
     is_kept = np.concatenate((np.ones(len(kept_ids), bool), np.zeros(len(dropped), bool)))
@@ -283,17 +255,15 @@ def _write_tables(idx: KeepIndex, kind: np.ndarray, twin: np.ndarray, dropped: n
     rows, is_kept, cid, jrow = rows[order], is_kept[order], cid[order], jrow[order]
     size = np.bincount(cluster_of_drop, minlength=len(kept_ids)).astype(np.int64) + 1
     source_names = pa.array(names, pa.string())
-    with ParquetStream(clusters_path, CLUSTERS_SCHEMA) as out:
-        w = _Rebatch(out)
+    with ParquetStream(clusters_path, CLUSTERS_SCHEMA, whole_row_groups=True) as out:
         for lo in range(0, len(rows), TABLE_BLOCK):
             r, c = rows[lo:lo + TABLE_BLOCK], cid[lo:lo + TABLE_BLOCK]
-            w.write(pa.table({
+            out.write(pa.table({
                 "cluster_id": pa.array(c, pa.int64()), "cluster_size": pa.array(size[c], pa.int64()),
                 "doc_key": idx.keys(r), "source": take_rows(source_names, idx.locate(r)[0]),
                 "is_kept": pa.array(is_kept[lo:lo + TABLE_BLOCK]), "kept_doc_key": idx.keys(kept_ids[c]),
                 "dup_kind": dup_kinds(kind[r]), "jaccard_to_kept": pa.array(jrow[lo:lo + TABLE_BLOCK], pa.float64()),
             }, schema=CLUSTERS_SCHEMA))
-        w.close(CLUSTERS_SCHEMA)
     largest = []
     for c in np.lexsort((np.arange(len(kept_ids)), -size))[:10].tolist():
         members = dropped[cluster_of_drop == c]

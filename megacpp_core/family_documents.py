@@ -35,7 +35,7 @@ Every function is a pure function of its inputs: the same shard gives the same b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -231,15 +231,17 @@ def worst_license(classes: Sequence[str]) -> str:
     return max(classes, key=LICENSE_RANK.__getitem__)
 
 
-def repo_family_table(pieces: pa.Table, files: pa.Table, revision: str) -> pa.Table:
+def repo_family_table(pieces: pa.Table, files: pa.Table | Mapping[str, str], revision: str) -> pa.Table:
     """The ``p3_repo`` rows of :func:`megacpp_core.repo_documents.revision_documents`'
     ``pieces`` (:data:`megacpp_core.repo_documents.DOCUMENTS_SCHEMA`) with provenance from
-    ``files`` (``path``, ``license_class``, ``file_key`` of the revision's files):
+    ``files`` (a table with ``path`` and ``license_class`` of the revision's files, or
+    ``{path: license_class}``):
     :data:`BASE_SCHEMA` plus ``paths``, ``offsets`` and ``n_files``. ``file_key`` and
     ``doc_key`` are the piece key, ``path`` its first file, ``chunk_index`` the piece
     number, ``language`` ``"repository"``, ``license_class`` the least permissive of its
     files (:func:`worst_license`)."""
-    cls = dict(zip(files.column("path").to_pylist(), files.column("license_class").to_pylist()))
+    cls = (dict(zip(files.column("path").to_pylist(), files.column("license_class").to_pylist()))
+           if isinstance(files, pa.Table) else files)
     paths = pieces.column("paths").to_pylist()
     n = pieces.num_rows
     cols = {

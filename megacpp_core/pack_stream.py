@@ -18,8 +18,9 @@ packing group at a time.
 4. **Rows, group by group.** A group reads only its documents from the shards (a
    ``doc_key`` filter applied row group by row group), applies FIM, builds its rows with
    :func:`megacpp_core.pack.build_rows` (the same best-fit decreasing as the plan), checks
-   the row contract and appends them to the open files in 1,024-row row groups. Memory is
-   one group (``pack_group_tokens``), not the snapshot.
+   the row contract and appends them to the open files in 1,024-row row groups (rows short of a row group wait
+   on local disk). Memory is one group (``pack_group_tokens``) or one row group, not the
+   snapshot.
 
 With one group (any snapshot under ``pack_group_tokens``) the files are byte-identical to
 packing the whole table at once.
@@ -135,12 +136,14 @@ def plan(refs: list, source_order: dict[str, int], drops: pa.Array, settings, *,
 
 
 class _FileWriter:
-    """The planned files, filled in row order; rows are buffered to whole row groups so the
-    bytes do not depend on where the packing groups end."""
+    """The planned files, filled in row order. Each file is a
+    :class:`~megacpp_core.tables.ParquetStream` with ``whole_row_groups``: rows short of a
+    whole row group wait on local disk, so the bytes do not depend on where the packing
+    groups end and memory holds one packing group or one row group, not both."""
 
     def __init__(self, out_dir: Path, files: list[dict], row_group_size: int):
         self.out_dir, self.files, self.rg = out_dir, files, row_group_size
-        self.i, self.stream, self.buffer, self.tokens = 0, None, [], 0
+        self.i, self.stream, self.tokens = 0, None, 0
         self.done: list[tuple[str, Path, dict]] = []
 
     def add(self, rows: pa.Table, first: int) -> None:
@@ -156,25 +159,24 @@ class _FileWriter:
 
     def _write(self, part: pa.Table) -> None:
         if self.stream is None:
-            self.stream = ParquetStream(self.out_dir / self.files[self.i]["file"], part.schema, self.rg)
-            self.buffer, self.tokens = [], 0
-        self.buffer.append(part)
+            self.stream = ParquetStream(self.out_dir / self.files[self.i]["file"], part.schema, self.rg,
+                                        whole_row_groups=True)
+            self.tokens = 0
         self.tokens += int(pc.sum(part.column("valid_token_count")).as_py() or 0)
-        held = sum(t.num_rows for t in self.buffer)
-        if held >= self.rg:
-            whole = pa.concat_tables(self.buffer)
-            cut = held - held % self.rg
-            self.stream.write(whole.slice(0, cut))
-            self.buffer = [whole.slice(cut)] if cut < held else []
+        self.stream.write(part)
 
     def _close(self) -> None:
         f = self.files[self.i]
-        if self.buffer:
-            self.stream.write(pa.concat_tables(self.buffer))
         path = self.stream.close()
         self.done.append((f["file"], path, {"split": f["split"], "rows": f["end"] - f["start"], "docs": f["docs"],
                                             "tokens": self.tokens}))
-        self.i, self.stream, self.buffer = self.i + 1, None, []
+        self.i, self.stream = self.i + 1, None
+
+    def abort(self) -> None:
+        """Remove the open file's temporary and spool files (after an error)."""
+        if self.stream is not None:
+            self.stream.abort()
+            self.stream = None
 
 
 def write_rows(p: PackPlan, refs: list, source_order: dict[str, int], settings, tok, tokenizer_sha256: str,
@@ -191,6 +193,16 @@ def write_rows(p: PackPlan, refs: list, source_order: dict[str, int], settings, 
     first = pack_inputs.columns_to_read(refs[0].schema().names)[0] if refs else []
     first = list(dict.fromkeys(first + kept.DOCUMENT_ORDER_COLUMNS))
     writer = _FileWriter(out_dir, p.files, row_group_size)
+    try:
+        return _write_groups(p, refs, source_order, settings, tok, tokenizer_sha256, vocab_size, writer, first)
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _write_groups(p: PackPlan, refs: list, source_order: dict[str, int], settings, tok, tokenizer_sha256: str,
+                  vocab_size: int, writer: _FileWriter, first: list[str]):
+    """:func:`write_rows`' loop over the packing groups, into ``writer``."""
     summary = {"rows": 0, "tokens": 0, "docs": 0, "loss_tokens": 0}
     fim_figs: dict = {}
     optional: list = []
@@ -226,6 +238,7 @@ def write_rows(p: PackPlan, refs: list, source_order: dict[str, int], settings, 
             fim_figs[k] = fim_figs.get(k, 0) + v if k in FIM_COUNTS else v
         writer.add(rows, offset)
         offset += rows.num_rows
+        del rows  # not held while the next group is built
     if writer.stream is not None:
         raise RuntimeError("packing ended inside a planned file")
     cells = summary["rows"] * settings.row_length

@@ -31,8 +31,10 @@ from __future__ import annotations
 import functools
 import heapq
 import posixpath
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -220,11 +222,124 @@ class RevisionDocuments:
     figures: dict
 
 
+#: Pieces turned into one arrow table at a time by :func:`piece_tables`.
+PIECE_BATCH = 64
+
+
+def _ids_array(ids: Sequence) -> pa.ListArray:
+    """``list<uint32>`` of token-id sequences (lists or arrays)."""
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    offsets = np.zeros(len(ids) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.concatenate([np.asarray(x, np.uint32) for x in ids]) if ids else np.zeros(0, np.uint32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32()))
+
+
+class RevisionSpill:
+    """The files of one revision, added a shard at a time (pass 1 of the streamed
+    documents): each file's ``#include`` spellings are parsed (:func:`include_spellings`),
+    its body ``path + "\n" + text`` is encoded, and its text and ids are appended to an
+    Arrow IPC file at ``path`` on local disk (one record batch per :meth:`add`). Memory
+    holds per file its path, spellings, body token count and spill position, plus the
+    shard being added; never the revision's texts or ids.
+
+    ``encode(strings) -> [ids]`` as in :func:`revision_documents`.
+    """
+
+    SCHEMA = pa.schema([("text", pa.large_string()), ("ids", pa.list_(pa.uint32()))])
+
+    def __init__(self, path, encode: Callable[[list[str]], list]):
+        self.path, self.encode = path, encode
+        self.where: dict[str, tuple[int, int]] = {}
+        self.spellings: dict[str, list[str]] = {}
+        self.body_tokens: dict[str, int] = {}
+        self._batches = 0
+        self._writer = pa.ipc.new_file(str(path), self.SCHEMA)
+
+    def add(self, files: Mapping[str, tuple[str, str]]) -> None:
+        """Spill ``files`` (``{path: (language, text)}``, one shard's files). Raises
+        ``ValueError`` for a path added before (a file in two shards of one revision) and
+        from :func:`include_spellings` for an unknown language."""
+        paths = sorted(files)
+        again = [q for q in paths if q in self.where]
+        if again:
+            raise ValueError(f"{again[0]}: a file in two shards of one revision")
+        if not paths:
+            return
+        for q in paths:
+            self.spellings[q] = include_spellings(files[q][1], files[q][0])
+        ids = self.encode([f"{q}\n{files[q][1]}" for q in paths])
+        for i, q in enumerate(paths):
+            self.where[q], self.body_tokens[q] = (self._batches, i), len(ids[i])
+        self._writer.write_batch(pa.record_batch([pa.array([files[q][1] for q in paths], pa.large_string()),
+                                                  _ids_array(ids)], schema=self.SCHEMA))
+        self._batches += 1
+
+    def close(self) -> None:
+        """Close the spill file (before :func:`plan_pieces` and :func:`piece_tables`)."""
+        self._writer.close()
+
+
+def plan_pieces(spill: RevisionSpill, budget: int = P3_BUDGET) -> tuple[Pieces, dict]:
+    """Pass 2: the include order of the spilled files and its pieces (module doc, steps
+    2–4), from the per-file summary alone. Returns ``(pieces, figures)`` with figures
+    ``files``, ``includes_resolved``, ``includes_after_includer`` (resolved includes placed
+    after their includer, which only an include cycle allows), ``pieces``,
+    ``oversized_files``. Raises ``ValueError`` from :func:`cut_pieces`."""
+    paths = sorted(spill.where)
+    includes = resolve_includes(paths, spill.spellings)
+    order = include_order(paths, includes)
+    pos = {p: i for i, p in enumerate(order)}
+    after = sum(pos[q] > pos[p] for p, qs in includes.items() for q in qs)
+    pieces = cut_pieces(order, {p: 1 + spill.body_tokens[p] for p in order}, budget)
+    figures = {"files": len(paths), "includes_resolved": sum(map(len, includes.values())),
+               "includes_after_includer": int(after), "pieces": len(pieces.pieces), "oversized_files": len(pieces.oversized)}
+    return pieces, figures
+
+
+def piece_tables(source: str, spill: RevisionSpill, pieces: Pieces, *, bos_id: int, file_sep_id: int,
+                 which: Sequence[int] | None = None, batch: int = PIECE_BATCH) -> Iterator[pa.Table]:
+    """Pass 3: the pieces ``which`` (indices into ``pieces.pieces``; all, in piece order,
+    when None) as :data:`DOCUMENTS_SCHEMA` tables of at most ``batch`` rows, each file's
+    text and ids read back from the memory-mapped spill (see :func:`revision_documents` for
+    the columns). Memory is one batch of pieces."""
+    head, sep = np.asarray([bos_id], np.uint32), np.asarray([file_sep_id], np.uint32)
+    which = range(len(pieces.pieces)) if which is None else which
+    with pa.memory_map(str(spill.path)) as src:
+        reader = pa.ipc.open_file(src)
+        cols: dict[str, list] = {f.name: [] for f in DOCUMENTS_SCHEMA}
+        for k, i in enumerate(which):
+            ps = pieces.pieces[i]
+            offsets, at, parts, texts = [], 0, [head], {}
+            for p in ps:
+                b, r = spill.where[p]
+                rec = reader.get_batch(b)
+                texts[p] = rec.column(0)[r].as_py()
+                offsets.append(at)
+                at += len(FILE_HEADER.format(path=p)) + len(texts[p])
+                parts += [sep, rec.column(1)[r].values.to_numpy()]
+            ids = np.concatenate(parts)
+            cols["doc_key"].append(f"{source}/@p3/{i:05d}")
+            cols["source"].append(source)
+            cols["piece_index"].append(i)
+            cols["paths"].append(list(ps))
+            cols["offsets"].append(offsets)
+            cols["n_files"].append(len(ps))
+            cols["n_tokens"].append(len(ids))
+            cols["text"].append(piece_text(ps, texts))
+            cols["input_ids"].append(ids)
+            if len(cols["doc_key"]) == batch or k == len(which) - 1:
+                yield pa.table(cols, schema=DOCUMENTS_SCHEMA)
+                cols = {f.name: [] for f in DOCUMENTS_SCHEMA}
+
+
 def revision_documents(source: str, files: Mapping[str, tuple[str, str]],
                        encode: Callable[[list[str]], list[list[int]]], *, bos_id: int, file_sep_id: int,
                        budget: int = P3_BUDGET) -> RevisionDocuments:
     """The ``p3_repo`` documents of one revision, as text and as token ids (module doc,
-    steps 1–4).
+    steps 1–4), in one table: the three passes (:class:`RevisionSpill`,
+    :func:`plan_pieces`, :func:`piece_tables`) over ``files`` given at once, spilled to a
+    temporary directory. The stage streams the same passes shard by shard.
 
     ``files``: ``{path: (language, text)}`` of the revision's kept files (``language`` as
     in :func:`include_spellings`); ``encode(strings) -> [ids]`` (lists or uint32 arrays) is the snapshot
@@ -236,35 +351,16 @@ def revision_documents(source: str, files: Mapping[str, tuple[str, str]],
     character offset of ``paths[i]``'s :data:`FILE_HEADER` in it (:func:`split_piece`
     inverts it exactly). ``doc_key`` is ``SOURCE/@p3/NNNNN``. The same files always give
     the same table. Raises ``ValueError`` from :func:`cut_pieces`."""
-    paths = sorted(files)
-    spellings = {p: include_spellings(files[p][1], files[p][0]) for p in paths}
-    includes = resolve_includes(paths, spellings)
-    order = include_order(paths, includes)
-    pos = {p: i for i, p in enumerate(order)}
-    after = sum(pos[q] > pos[p] for p, qs in includes.items() for q in qs)
-    bodies = dict(zip(order, encode([f"{p}\n{files[p][1]}" for p in order])))
-    pieces = cut_pieces(order, {p: 1 + len(bodies[p]) for p in order}, budget)
-    cols: dict[str, list] = {f.name: [] for f in DOCUMENTS_SCHEMA}
-    head, sep = np.asarray([bos_id], np.uint32), np.asarray([file_sep_id], np.uint32)
-    for i, ps in enumerate(pieces.pieces):
-        offsets, at, parts = [], 0, [head]
-        for p in ps:
-            offsets.append(at)
-            at += len(FILE_HEADER.format(path=p)) + len(files[p][1])
-            parts += [sep, np.asarray(bodies[p], np.uint32)]
-        ids = np.concatenate(parts)
-        cols["doc_key"].append(f"{source}/@p3/{i:05d}")
-        cols["source"].append(source)
-        cols["piece_index"].append(i)
-        cols["paths"].append(list(ps))
-        cols["offsets"].append(offsets)
-        cols["n_files"].append(len(ps))
-        cols["n_tokens"].append(len(ids))
-        cols["text"].append(piece_text(ps, {p: files[p][1] for p in ps}))
-        cols["input_ids"].append(ids)
-    figures = {"files": len(paths), "includes_resolved": sum(map(len, includes.values())),
-               "includes_after_includer": int(after), "pieces": len(pieces.pieces), "oversized_files": len(pieces.oversized)}
-    return RevisionDocuments(pa.table(cols, schema=DOCUMENTS_SCHEMA), pieces.oversized, figures)
+    with tempfile.TemporaryDirectory(prefix="p3-spill-") as tmp:
+        spill = RevisionSpill(Path(tmp) / "files.arrow", encode)
+        try:
+            spill.add(files)
+        finally:
+            spill.close()
+        pieces, figures = plan_pieces(spill, budget)
+        parts = list(piece_tables(source, spill, pieces, bos_id=bos_id, file_sep_id=file_sep_id))
+    table = pa.concat_tables(parts) if parts else DOCUMENTS_SCHEMA.empty_table()
+    return RevisionDocuments(table, pieces.oversized, figures)
 
 
 def split_piece(text: str, paths: Sequence[str], offsets: Sequence[int]) -> list[tuple[str, str]]:

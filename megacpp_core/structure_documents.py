@@ -45,11 +45,12 @@ of their inputs: the same revision gives the same bytes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import enrich, pack, platforms, repo_documents, tokenize
 
@@ -245,13 +246,99 @@ def chunks_inside_files(ids: Sequence[int], chunks: Sequence[dict], file_sep_id:
 BATCH_DOCS = 64
 
 
+class StructureBuilder:
+    """:func:`structure_table` a batch of documents at a time, for a reader that streams a
+    revision's ``p3_repo`` documents: :meth:`add` turns one batch into ``p4_structure``
+    rows, :meth:`figures` gives the figures of every batch added so far. Holds across
+    batches only per-file piece numbers (for ``lane_edges_across_pieces``), the counts, and
+    the enrichment of the last fallback file.
+
+    ``fallback_file(path) -> (text, {doc_key: (start, end)})``: an oversized file's whole
+    text and the character span of each of its fallback documents; the other arguments as
+    in :func:`structure_table`."""
+
+    def __init__(self, languages: Mapping[str, str], fallback_file: Callable[[str], tuple[str, Mapping[str, tuple[int, int]]]],
+                 lane: Lane | None, table: list[bytes], lengths: np.ndarray, file_sep_id: int):
+        from .chunk import StructureCategory
+
+        self.languages, self.fallback_file, self.lane = languages, fallback_file, lane
+        self.table, self.lengths, self.file_sep_id = table, lengths, file_sep_id
+        self.categories = StructureCategory
+        self.figs = dict.fromkeys(("chunks", "call_edges", "type_edges", "cross_file_call_edges", "cross_file_type_edges",
+                                   "chunks_without_tokens"), 0)
+        self.counts = np.zeros(len(StructureCategory), np.int64)
+        self.piece_of: dict[str, int] = {}
+        self.cached: tuple[str, enrich.FileEnrichment, Mapping[str, tuple[int, int]]] | None = None
+        self.docs = self.tokens = 0
+
+    def add(self, p3: pa.Table) -> pa.Table:
+        """``p3`` (a batch of ``p3_repo`` documents, in the revision's row order) with
+        :data:`STRUCTURE_COLUMNS` appended; Python objects for :data:`BATCH_DOCS` documents
+        at a time. Raises as :func:`structure_table`."""
+        parts: list[dict[str, pa.Array]] = []
+        figs, lane = self.figs, self.lane
+        for lo in range(0, p3.num_rows, BATCH_DOCS):
+            cols = p3.slice(lo, BATCH_DOCS).select(["doc_key", "text", "paths", "offsets", "path"]).to_pydict()
+            ids_col = p3.column("input_ids").slice(lo, BATCH_DOCS).combine_chunks()
+            offs, flat = ids_col.offsets.to_numpy(), ids_col.values.to_numpy(zero_copy_only=False)
+            rows = []
+            for j, (key, text, paths, offsets, path) in enumerate(zip(*cols.values())):
+                i = self.docs + lo + j
+                ids = flat[offs[j]:offs[j + 1]]
+                if paths is not None:
+                    texts = dict(repo_documents.split_piece(text, paths, offsets))
+                    segs = piece_segments(paths, offsets, texts)
+                    files = {p: enrich.enrich_file(texts[p], self.languages[p]) for p in paths}
+                    self.piece_of.update(dict.fromkeys(paths, i))
+                else:
+                    if self.cached is None or self.cached[0] != path:
+                        whole, spans = self.fallback_file(path)
+                        self.cached = (path, enrich.enrich_file(whole, self.languages[path]), spans)
+                    a, b = self.cached[2][key]
+                    segs, files = fallback_segments(path, a, b), {path: self.cached[1]}
+                    self.piece_of.setdefault(path, -1 - i)
+                st = document_structure(len(text), segs, files, lane)
+                got = token_structure(text, ids, st, self.table, self.lengths, key)
+                if not chunks_inside_files(ids, got["chunk_boundaries"], self.file_sep_id):
+                    raise ValueError(f"{key}: a chunk crosses a file separator")
+                rows.append(got)
+                figs["chunks"] += len(got["chunk_boundaries"])
+                figs["chunks_without_tokens"] += len(st.chunks) - len(got["chunk_boundaries"])
+                figs["call_edges"] += len(got["call_edges"])
+                figs["type_edges"] += len(got["type_edges"])
+                figs["cross_file_call_edges"] += st.cross_call
+                figs["cross_file_type_edges"] += st.cross_type
+                self.counts += np.bincount(got["structure_ids"][1:], minlength=len(self.counts))[:len(self.counts)]
+            parts.append(structure_columns(rows))
+            del cols, ids_col, rows
+        out = p3
+        for c, arr in (structure_columns([]) if not parts else
+                       {c: pa.concat_arrays([part[c] for part in parts]) for c in parts[0]}).items():
+            out = out.append_column(pa.field(c, arr.type), arr)
+        self.docs += p3.num_rows
+        self.tokens += int(pc.sum(p3.column("n_tokens")).as_py() or 0)
+        return out
+
+    def figures(self) -> dict:
+        """``docs``, ``tokens``, ``chunks``, ``call_edges``, ``type_edges``,
+        ``cross_file_call_edges``, ``cross_file_type_edges``, ``lane_edges_across_pieces``,
+        ``chunks_without_tokens``, ``structure_token_share`` over the batches added."""
+        piece_of = self.piece_of
+        across = sum(1 for _, fp, _, tp, _ in (self.lane.cross if self.lane is not None else ())
+                     if fp in piece_of and tp in piece_of and piece_of[fp] != piece_of[tp])
+        total = max(1, int(self.counts.sum()))
+        return {**self.figs, "docs": self.docs, "tokens": self.tokens, "lane_edges_across_pieces": across,
+                "structure_token_share": {c.name: round(int(self.counts[c]) / total, 4) for c in self.categories}}
+
+
 def structure_table(p3: pa.Table, languages: Mapping[str, str], fallback: Mapping[str, tuple[int, int]],
                     fallback_texts: Mapping[str, str], lane: Lane | None, table: list[bytes], lengths: np.ndarray,
                     file_sep_id: int) -> tuple[pa.Table, dict]:
     """The ``p4_structure`` documents of one revision's ``p3_repo`` documents ``p3``
     (:func:`megacpp_core.family_documents.repo_family_table`: pieces with ``paths`` and
     ``offsets``; fallback chunks with null ``paths``), in ``p3``'s row order and with its
-    columns, plus :data:`STRUCTURE_COLUMNS` (module doc).
+    columns, plus :data:`STRUCTURE_COLUMNS` (module doc); one :class:`StructureBuilder`
+    batch.
 
     ``languages``: ``{path: stage-1 language}`` of the revision's kept files;
     ``fallback``: ``{doc_key: (start, end)}`` character span in its file of every fallback
@@ -264,56 +351,6 @@ def structure_table(p3: pa.Table, languages: Mapping[str, str], fallback: Mappin
     Raises ``ValueError`` (a piece whose headers are not at its offsets, a chunk across a
     file separator), ``KeyError`` (a file without a language or text) and
     :class:`~megacpp_core.tokenize.AlignmentError`."""
-    from .chunk import StructureCategory
-
-    parts: list[dict[str, pa.Array]] = []
-    figs = dict.fromkeys(("chunks", "call_edges", "type_edges", "cross_file_call_edges", "cross_file_type_edges",
-                          "chunks_without_tokens"), 0)
-    counts = np.zeros(len(StructureCategory), np.int64)
-    piece_of: dict[str, int] = {}
-    cached: tuple[str, enrich.FileEnrichment] | None = None
-    for lo in range(0, p3.num_rows, BATCH_DOCS):  # Python objects for one batch of documents at a time
-        cols = p3.slice(lo, BATCH_DOCS).select(["doc_key", "text", "paths", "offsets", "path"]).to_pydict()
-        ids_col = p3.column("input_ids").slice(lo, BATCH_DOCS).combine_chunks()
-        offs, flat = ids_col.offsets.to_numpy(), ids_col.values.to_numpy(zero_copy_only=False)
-        rows = []
-        for j, (key, text, paths, offsets, path) in enumerate(zip(*cols.values())):
-            i = lo + j
-            ids = flat[offs[j]:offs[j + 1]]
-            if paths is not None:
-                texts = dict(repo_documents.split_piece(text, paths, offsets))
-                segs = piece_segments(paths, offsets, texts)
-                files = {p: enrich.enrich_file(texts[p], languages[p]) for p in paths}
-                piece_of.update(dict.fromkeys(paths, i))
-            else:
-                if cached is None or cached[0] != path:
-                    cached = (path, enrich.enrich_file(fallback_texts[path], languages[path]))
-                a, b = fallback[key]
-                segs, files = fallback_segments(path, a, b), {path: cached[1]}
-                piece_of.setdefault(path, -1 - i)
-            st = document_structure(len(text), segs, files, lane)
-            got = token_structure(text, ids, st, table, lengths, key)
-            if not chunks_inside_files(ids, got["chunk_boundaries"], file_sep_id):
-                raise ValueError(f"{key}: a chunk crosses a file separator")
-            rows.append(got)
-            figs["chunks"] += len(got["chunk_boundaries"])
-            figs["chunks_without_tokens"] += len(st.chunks) - len(got["chunk_boundaries"])
-            figs["call_edges"] += len(got["call_edges"])
-            figs["type_edges"] += len(got["type_edges"])
-            figs["cross_file_call_edges"] += st.cross_call
-            figs["cross_file_type_edges"] += st.cross_type
-            counts += np.bincount(got["structure_ids"][1:], minlength=len(counts))[:len(counts)]
-        parts.append(structure_columns(rows))
-        del cols, ids_col, rows
-    out = p3
-    for c, arr in (structure_columns([]) if not parts else
-                   {c: pa.concat_arrays([part[c] for part in parts]) for c in parts[0]}).items():
-        out = out.append_column(pa.field(c, arr.type), arr)
-    del parts
-    across = sum(1 for _, fp, _, tp, _ in (lane.cross if lane is not None else ())
-                 if fp in piece_of and tp in piece_of and piece_of[fp] != piece_of[tp])
-    total = max(1, int(counts.sum()))
-    n_tok = p3.column("n_tokens").to_numpy()
-    figs.update(docs=p3.num_rows, tokens=int(n_tok.sum()), lane_edges_across_pieces=across,
-                structure_token_share={c.name: round(int(counts[c]) / total, 4) for c in StructureCategory})
-    return out, figs
+    b = StructureBuilder(languages, lambda path: (fallback_texts[path], fallback), lane, table, lengths, file_sep_id)
+    out = b.add(p3)
+    return out, b.figures()

@@ -3,10 +3,21 @@
 Input: the revision's ``tokenized`` shards (every chunk: the chunks tile each kept file,
 so joining a file's chunk texts in ``chunk_index`` order gives the file back) and the
 snapshot ``tokenizer``. The files are put in include-dependency order and cut into pieces
-of at most 65,536 tokens at file boundaries (:func:`megacpp_core.repo_documents.revision_documents`);
-a file over the budget alone falls back to its ``p2_file`` split (its chunks), counted in
-``oversized_files``. Memory follows the revision's text and ids, which ``shard_bytes``
-does not bound: a repository piece needs every file of its revision.
+of at most 65,536 tokens at file boundaries (:mod:`megacpp_core.repo_documents`); a file
+over the budget alone falls back to its ``p2_file`` split (its chunks), counted in
+``oversized_files``.
+
+Streamed in three passes (:class:`~megacpp_core.repo_documents.RevisionSpill`,
+:func:`~megacpp_core.repo_documents.plan_pieces`,
+:func:`~megacpp_core.repo_documents.piece_tables`): one ``tokenized`` shard at a time
+(``shard_bytes``) is joined into files, parsed for includes, encoded and spilled to local
+disk; the order and the pieces come from per-file summaries (path, includes, token count);
+the pieces are then built 64 at a time from the spill. The rows are written in snapshot
+keep order (:func:`megacpp_core.kept.document_order`: license rank, path, then piece or
+chunk number), so the family step and the Megatron export read them as stored, a row
+group at a time, without re-sorting a revision. Memory: one shard, the per-file
+summaries, and one 1,024-row row group of the output (:class:`~megacpp_core.tables.ParquetStream`
+``whole_row_groups``).
 """
 
 from __future__ import annotations
@@ -17,10 +28,36 @@ import pyarrow.compute as pc
 
 from .. import catalog, families, family_documents, pack, repo_documents, snapshot_tokenizer
 from .. import tokenizer as tk
+from ..dedup import LICENSE_RANK
 from ..stage import Partitioning, Result, Stage
+from ..tables import ParquetStream
 
 P3 = families.BY_NAME["p3_repo"]
-FILE_COLUMNS = ["file_key", "path", "language", "license_class", "revision", "chunk_index", "text"]
+FILE_COLUMNS = ["path", "language", "license_class", "revision", "chunk_index", "text"]
+#: Columns of a fallback chunk's order key, read for the oversized files only.
+FALLBACK_KEY_COLUMNS = ["path", "license_class", "chunk_index"]
+
+
+def _spill_shard(ref, spill: repo_documents.RevisionSpill, license_of: dict[str, str], where: dict[str, int],
+                 j: int) -> str | None:
+    """Join one ``tokenized`` shard's chunks into files and spill them; record each
+    file's license class (the least permissive of its chunks') and shard. Returns the
+    shard's revision label (None for an empty shard)."""
+    chunks = ref.read(columns=FILE_COLUMNS)
+    if not chunks.num_rows:
+        return None
+    chunks = chunks.take(pc.sort_indices(chunks, sort_keys=[("path", "ascending"), ("chunk_index", "ascending")]))
+    files: dict[str, tuple[str, list[str]]] = {}
+    classes: dict[str, list[str]] = {}
+    for path, lang, cls, text in zip(*(chunks.column(c).to_pylist() for c in ("path", "language", "license_class", "text"))):
+        files.setdefault(path, (lang, []))[1].append(text)
+        classes.setdefault(path, []).append(cls)
+    revision = chunks.column("revision")[0].as_py()
+    del chunks
+    spill.add({p: (lang, "".join(texts)) for p, (lang, texts) in files.items()})
+    for p, cs in classes.items():
+        license_of[p], where[p] = family_documents.worst_license(cs), j
+    return revision
 
 
 def compute(ctx) -> Result:
@@ -28,58 +65,98 @@ def compute(ctx) -> Result:
     refs = ctx.inputs("tokenized")
     for ref in refs:
         pack.check_tokenizer({"tokenizer_sha256": ref.metadata().get("tokenizer_sha256")}, info["sha256"], None, ref.uri)
-    parts = [ref.read(columns=FILE_COLUMNS) for ref in refs]
-    chunks = pa.concat_tables(parts) if parts else pa.table({c: [] for c in FILE_COLUMNS})
-    chunks = chunks.take(pc.sort_indices(chunks, sort_keys=[("path", "ascending"), ("chunk_index", "ascending")]))
-    files: dict[str, tuple[str, list[str]]] = {}
-    for path, lang, text in zip(*(chunks.column(c).to_pylist() for c in ("path", "language", "text"))):
-        files.setdefault(path, (lang, []))[1].append(text)
-    whole = {p: (lang, "".join(texts)) for p, (lang, texts) in files.items()}
     sep = tok.token_to_id(repo_documents.FILE_SEP)
-    docs = repo_documents.revision_documents(ctx.partition.source, whole, lambda s: tk.encode_batch(tok, s),
-                                             bos_id=tk.BOS_ID, file_sep_id=sep, budget=P3.row_length)
-    del whole, files
-    meta = chunks.group_by(["path", "license_class"]).aggregate([])
-    revision = chunks.column("revision")[0].as_py() if chunks.num_rows else ""
-    table = family_documents.repo_family_table(docs.table, meta, revision)
-    if docs.oversized:
-        cols = [c for c in family_documents.BASE_COLUMNS if c in refs[0].schema().names]
-        want = pa.array(docs.oversized, pa.string())
-        fall = pa.concat_tables([r.read(columns=cols, filters=pc.field("path").isin(want)) for r in refs])
-        fall = fall.cast(family_documents.BASE_SCHEMA)
-        for c in ("paths", "offsets", "n_files"):
-            fall = fall.append_column(table.schema.field(c), pa.nulls(fall.num_rows, table.schema.field(c).type))
-        table = pa.concat_tables([table, fall.select(table.column_names)])
-    table = table.replace_schema_metadata({family_documents.TOKENIZER_KEY: info["sha256"].encode()})
-    n_files = docs.table.column("n_files").to_numpy() if docs.table.num_rows else np.zeros(0, np.int32)
-    figures = {**docs.figures, "p3_repo_docs": table.num_rows,
-               "p3_repo_tokens": int(pc.sum(table.column("n_tokens")).as_py() or 0),
+    work = ctx.workdir("p3-")
+    spill = repo_documents.RevisionSpill(work / "files.arrow", lambda s: tk.encode_batch(tok, s))
+    license_of: dict[str, str] = {}
+    shard_of: dict[str, int] = {}
+    revisions = set()
+    try:
+        for j, ref in enumerate(refs):
+            revisions.add(_spill_shard(ref, spill, license_of, shard_of, j))
+    finally:
+        spill.close()
+    revisions.discard(None)
+    revision = min(revisions) if revisions else ""
+    pieces, figs = repo_documents.plan_pieces(spill, P3.row_length)
+    # Keep order: (license rank, path, number) over the pieces (first file, piece index)
+    # and the fallback chunks of the oversized files (path, chunk index).
+    keys = [(LICENSE_RANK[family_documents.worst_license([license_of[q] for q in ps])], ps[0], i, "piece")
+            for i, ps in enumerate(pieces.pieces)]
+    fallback_rows = 0
+    for j in sorted({shard_of[p] for p in pieces.oversized}):
+        want = pa.array([p for p in pieces.oversized if shard_of[p] == j], pa.string())
+        t = refs[j].read(columns=FALLBACK_KEY_COLUMNS, filters=pc.field("path").isin(want))
+        keys += [(LICENSE_RANK[c], p, i, "chunks") for p, c, i in
+                 zip(*(t.column(c).to_pylist() for c in ("path", "license_class", "chunk_index")))]
+    keys.sort()
+    out_path = work / "p3_repo_documents.parquet"
+    schema = pa.schema(list(family_documents.BASE_SCHEMA) + [repo_documents.DOCUMENTS_SCHEMA.field(c)
+                                                              for c in ("paths", "offsets", "n_files")])
+    tokens = 0
+    with ParquetStream(out_path, schema, whole_row_groups=True) as out:
+        at = 0
+        while at < len(keys):
+            end = at
+            while end < len(keys) and keys[end][3] == keys[at][3] and (keys[at][3] == "piece" or keys[end][1] == keys[at][1]):
+                end += 1
+            if keys[at][3] == "piece":
+                for part in repo_documents.piece_tables(ctx.partition.source, spill, pieces, bos_id=tk.BOS_ID,
+                                                        file_sep_id=sep,
+                                                        which=[k[2] for k in keys[at:end]]):
+                    t = family_documents.repo_family_table(part, license_of, revision)
+                    tokens += int(pc.sum(t.column("n_tokens")).as_py() or 0)
+                    out.write(t)
+            else:
+                t = _fallback(refs[shard_of[keys[at][1]]], keys[at][1], schema)
+                fallback_rows += t.num_rows
+                tokens += int(pc.sum(t.column("n_tokens")).as_py() or 0)
+                out.write(t)
+            at = end
+        out.add_metadata({family_documents.TOKENIZER_KEY.decode(): info["sha256"]})
+    n_files = np.fromiter((len(ps) for ps in pieces.pieces), dtype=np.int64, count=len(pieces.pieces))
+    figures = {**figs, "p3_repo_docs": len(pieces.pieces) + fallback_rows, "p3_repo_tokens": tokens,
                "multi_file_pieces": int((n_files > 1).sum()), "max_files_per_piece": int(n_files.max(initial=0)),
-               "fallback_documents": table.num_rows - docs.table.num_rows}
-    return Result({"p3_repo_documents": table}, figures)
+               "fallback_documents": fallback_rows}
+    return Result({"p3_repo_documents": out_path}, figures)
+
+
+def _fallback(ref, path: str, schema: pa.Schema) -> pa.Table:
+    """The chunks of one oversized file (its ``p2_file`` split), in ``chunk_index`` order,
+    as rows of the family table (no ``paths``, ``offsets``, ``n_files``)."""
+    cols = [c for c in family_documents.BASE_COLUMNS if c in ref.schema().names]
+    t = ref.read(columns=cols, filters=pc.field("path") == path)
+    t = t.take(pc.sort_indices(t.column("chunk_index"))).cast(family_documents.BASE_SCHEMA)
+    for c in ("paths", "offsets", "n_files"):
+        t = t.append_column(schema.field(c), pa.nulls(t.num_rows, schema.field(c).type))
+    return t
+
+
+#: Documents the gate reads back at once.
+GATE_BATCH_DOCS = 64
 
 
 def pieces_hold_whole_files(g):
     """Re-read from the data root: every repository piece splits back, at its header
     offsets, into the files it lists, and no file is in two pieces (SPEC 5b: a piece is
     cut only at file boundaries)."""
-    t = g.read("p3_repo_documents", columns=["doc_key", "text", "paths", "offsets"])
     seen: set[str] = set()
-    for key, text, paths, offsets in zip(*(t.column(c).to_pylist() for c in ("doc_key", "text", "paths", "offsets"))):
-        if paths is None:
-            continue  # a fallback chunk of an oversized file
-        try:
-            got = repo_documents.split_piece(text, paths, offsets)
-        except ValueError as e:
-            return False, f"{key}: {e}"
-        if seen & set(paths) or [p for p, _ in got] != paths:
-            return False, f"{key}: a file appears twice or out of place"
-        seen |= set(paths)
+    for batch in g.output("p3_repo_documents").iter_batches(["doc_key", "text", "paths", "offsets"], batch_size=GATE_BATCH_DOCS):
+        for key, text, paths, offsets in zip(*(batch.column(c).to_pylist() for c in ("doc_key", "text", "paths", "offsets"))):
+            if paths is None:
+                continue  # a fallback chunk of an oversized file
+            try:
+                got = repo_documents.split_piece(text, paths, offsets)
+            except ValueError as e:
+                return False, f"{key}: {e}"
+            if seen & set(paths) or [p for p, _ in got] != paths:
+                return False, f"{key}: a file appears twice or out of place"
+            seen |= set(paths)
     return True, f"{len(seen)} files in {g.figures['pieces']} pieces, {g.figures['oversized_files']} oversized"
 
 
 STAGE = Stage(
-    name="repo_documents", asset="p3_repo_documents", partitioning=Partitioning.REVISION, compute=compute, code_version="1",
+    name="repo_documents", asset="p3_repo_documents", partitioning=Partitioning.REVISION, compute=compute, code_version="2",
     description="Curriculum phase 3 (SPEC 5b): a revision's files in include-dependency order, each after the file "
                 "separator and its path, cut at file boundaries into 65,536-token pieces (one BOS each).",
     inputs=(catalog.TOKENIZED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),
