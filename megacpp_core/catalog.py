@@ -98,6 +98,7 @@ MEGATRON = Dataset("megatron", SNAP, "megatron", kind=Kind.FILES, marker="{snaps
 FAMILY_DOCUMENTS = {
     f.name: (Dataset(f"{f.name}_documents", REV, f"revisions/{{source}}/families/{f.name}.parquet",
                      schema=s_documents.family_validator(f.row_length),
+                     schema_file=s_documents.family_file_validator(f.row_length),
                      description=f"one row per {f.name} document ({f.documents}): BOS + uint32 ids, text, provenance")
              if f.phase >= 3 else
              Dataset(f"{f.name}_documents", SHARD, f"revisions/{{source}}/shards/{{shard}}/families/{f.name}.parquet",

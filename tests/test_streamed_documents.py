@@ -134,3 +134,34 @@ def test_the_stage_writes_repository_documents_in_keep_order(tiny_run):
         assert sorted(idx) == list(range(len(idx)))  # every piece once
         checked += 1
     assert checked >= 2
+
+
+def test_the_file_schema_gate_reads_batches_and_catches_keys_across_them(tmp_path):
+    """The per-revision family documents are validated from the committed file 64 at a
+    time; a key repeated in another batch and a document without its BOS fail."""
+    from megacpp_checks.schemas import documents as s_documents
+    from megacpp_core import family_documents
+    from megacpp_core import tokenizer as tk
+
+    p3 = rd.revision_documents("r", FILES, _encode, bos_id=tk.BOS_ID, file_sep_id=7, budget=120)
+    t = family_documents.repo_family_table(p3.table, {p: "permissive" for p in FILES}, "rev")
+    reps = [t.set_column(0, "doc_key", pc.binary_join_element_wise(t.column("doc_key"), pa.scalar(f"-{i}"), ""))
+            .set_column(1, "file_key", pc.binary_join_element_wise(t.column("doc_key"), pa.scalar(f"-{i}"), ""))
+            for i in range(-(-70 // t.num_rows))]
+    good = pa.concat_tables(reps)
+    assert good.num_rows > s_documents.FILE_BATCH_DOCS
+    check = s_documents.family_file_validator(65_536)
+
+    def verdict(table):
+        path = tmp_path / "f.parquet"
+        pq.write_table(table, path)
+        return check(pq.ParquetFile(path))
+
+    assert verdict(good)[0], verdict(good)
+    twice = pa.concat_tables([good, good.slice(0, 1)])
+    ok, detail = verdict(twice)
+    assert not ok and "twice" in detail
+    ids = good.column("input_ids").to_pylist()
+    ids[-1] = ids[-1][1:]
+    bad = good.set_column(good.schema.get_field_index("input_ids"), "input_ids", pa.array(ids, pa.list_(pa.uint32())))
+    assert not verdict(bad)[0]

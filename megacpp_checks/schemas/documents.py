@@ -294,3 +294,34 @@ def family_validator(row_length: int):
     (SPEC §5b, §6). A ``functools.partial`` of a module function, so stage declarations
     holding it pickle by name (``megacpp run --workers`` sends them to its workers)."""
     return functools.partial(validate_family_documents, row_length=row_length)
+
+
+#: Documents :func:`validate_family_documents_file` validates at once (as Python objects).
+FILE_BATCH_DOCS = 64
+
+
+def validate_family_documents_file(pf, row_length: int) -> tuple[bool, str]:
+    """Validate a committed family documents file (``pyarrow.parquet.ParquetFile``)
+    :data:`FILE_BATCH_DOCS` documents at a time: :func:`validate_family_documents` on each
+    batch, and ``doc_key`` unique across the file (a set of the keys is the only state).
+    ``(passed, detail)``; never raises on bad rows."""
+    seen: set[str] = set()
+    rows = 0
+    for batch in pf.iter_batches(batch_size=FILE_BATCH_DOCS, use_threads=False):
+        t = pa_arrow.Table.from_batches([batch])
+        ok, detail = validate_family_documents(t, row_length)
+        if not ok:
+            return ok, f"{detail} (documents from {rows})"
+        keys = t.column("doc_key").to_pylist()
+        again = seen.intersection(keys)
+        if again:
+            return False, f"family documents: doc_key {sorted(again)[0]!r} appears twice"
+        seen.update(keys)
+        rows += t.num_rows
+    return True, f"family documents: {rows} documents valid"
+
+
+def family_file_validator(row_length: int):
+    """:func:`validate_family_documents_file` for rows of ``row_length`` tokens (a
+    ``functools.partial``, so stage declarations pickle by name)."""
+    return functools.partial(validate_family_documents_file, row_length=row_length)

@@ -108,7 +108,7 @@ def compute(ctx) -> Result:
                     tokens += int(pc.sum(t.column("n_tokens")).as_py() or 0)
                     out.write(t)
             else:
-                t = _fallback(refs[shard_of[keys[at][1]]], keys[at][1], schema)
+                t = _fallback(refs[shard_of[keys[at][1]]], keys[at][1], [k[2] for k in keys[at:end]], schema)
                 fallback_rows += t.num_rows
                 tokens += int(pc.sum(t.column("n_tokens")).as_py() or 0)
                 out.write(t)
@@ -121,11 +121,12 @@ def compute(ctx) -> Result:
     return Result({"p3_repo_documents": out_path}, figures)
 
 
-def _fallback(ref, path: str, schema: pa.Schema) -> pa.Table:
-    """The chunks of one oversized file (its ``p2_file`` split), in ``chunk_index`` order,
-    as rows of the family table (no ``paths``, ``offsets``, ``n_files``)."""
+def _fallback(ref, path: str, chunk_indices: list[int], schema: pa.Schema) -> pa.Table:
+    """The chunks ``chunk_indices`` of one oversized file (its ``p2_file`` split), in
+    ``chunk_index`` order, as rows of the family table (no ``paths``, ``offsets``,
+    ``n_files``)."""
     cols = [c for c in family_documents.BASE_COLUMNS if c in ref.schema().names]
-    t = ref.read(columns=cols, filters=pc.field("path") == path)
+    t = ref.read(columns=cols, filters=(pc.field("path") == path) & pc.field("chunk_index").isin(chunk_indices))
     t = t.take(pc.sort_indices(t.column("chunk_index"))).cast(family_documents.BASE_SCHEMA)
     for c in ("paths", "offsets", "n_files"):
         t = t.append_column(schema.field(c), pa.nulls(t.num_rows, schema.field(c).type))
