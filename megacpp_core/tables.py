@@ -130,20 +130,28 @@ class ParquetStream:
     clean :meth:`close` (context-manager exit); on an error the temporary file is removed.
     The same tables in the same order always give the same bytes."""
 
-    def __init__(self, path: str | os.PathLike, schema: pa.Schema, row_group_size: int = ROW_GROUP_SIZE):
+    def __init__(self, path: str | os.PathLike, schema: pa.Schema, row_group_size: int = ROW_GROUP_SIZE,
+                 release_each_write: bool = True):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.path.with_name(self.path.name + ".tmp")
         self._schema = schema.remove_metadata()
         self._rows = row_group_size
+        self._release = release_each_write
         self._writer = _writer(self._tmp, self._schema)
 
     def write(self, table: pa.Table) -> None:
-        """Append ``table`` (its schema must equal the stream's, metadata aside). The
-        writer's page and compression buffers are handed back to the system afterwards
-        (:func:`release_memory`), so a large batch does not stay resident after its write."""
+        """Append ``table`` (its schema must equal the stream's, metadata aside). Unless
+        the stream was made with ``release_each_write=False``, the writer's page and
+        compression buffers are handed back to the system afterwards
+        (:func:`release_memory`), so a large batch does not stay resident after its write;
+        a writer of many similar batches keeps them for the next one instead and releases
+        them once at the end (handing them back after each shard and faulting them in
+        again made the Megatron export's documents parquet of the default snapshot take
+        61 ms instead of 44 ms)."""
         self._writer.write_table(table.replace_schema_metadata(None).cast(self._schema), row_group_size=self._rows)
-        release_memory()
+        if self._release:
+            release_memory()
 
     def add_metadata(self, metadata: dict[str, str]) -> None:
         """Add parquet key-value metadata (``megacpp.*`` lineage keys) to the file."""
@@ -192,14 +200,13 @@ def read_parquet(path: str | os.PathLike, columns: list[str] | None = None) -> p
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes, streamed in 1 MiB chunks."""
+    """Hex SHA-256 of a file's bytes, streamed through one reused ``chunk``-byte buffer
+    (1 MiB; no bytes object per read). ``OSError`` when the file cannot be read."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
+    buf = memoryview(bytearray(chunk))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(buf[:n])
     return h.hexdigest()
 
 
