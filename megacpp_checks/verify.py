@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import sys
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -111,27 +113,59 @@ def _load_sidecar(path: Path, fail: Callable[[Path, str, str], None]) -> dict | 
     return doc
 
 
-def _scan_bin(path: Path, dtype: np.dtype, count: int, starts: np.ndarray) -> tuple[int, int, int, int, np.ndarray]:
-    """One sequential read of the ``.bin``: ``(min, max, offset of first min, offset of first
-    max, tokens at starts)``, with ``starts`` ``int64[d]`` ascending token offsets (the
-    documents' first tokens). Reads :data:`SCAN_CHUNK_TOKENS` tokens at a time into a fresh
-    buffer (not a memory map, whose pages would stay resident): memory is one chunk,
-    whatever the size of the dataset."""
-    lo = hi = None
-    lo_at = hi_at = 0
-    firsts = np.empty(len(starts), dtype=np.int64)
+def _each_chunk(path: Path, dtype: np.dtype, count: int, step: Callable[[int, np.ndarray], bool | None]) -> None:
+    """``step(first token offset, tokens)`` on the ``.bin`` in :data:`SCAN_CHUNK_TOKENS`-token
+    chunks, each a read-only memory map of the file (no copy) unmapped right after its
+    step: at most one chunk's pages are mapped, whatever the size of the dataset. ``step``
+    must not keep the array; it returns True to stop."""
+    itemsize = np.dtype(dtype).itemsize
     with open(path, "rb") as fh:
         for start in range(0, count, SCAN_CHUNK_TOKENS):
-            chunk = np.fromfile(fh, dtype=dtype, count=min(SCAN_CHUNK_TOKENS, count - start))
-            if lo is None or int(chunk.min()) < lo:
-                lo_at = start + int(chunk.argmin())
-                lo = int(chunk[lo_at - start])
-            if hi is None or int(chunk.max()) > hi:
-                hi_at = start + int(chunk.argmax())
-                hi = int(chunk[hi_at - start])
-            a, b = np.searchsorted(starts, [start, start + chunk.size])
-            firsts[a:b] = chunk[starts[a:b] - start]
-    return lo, hi, lo_at, hi_at, firsts
+            size = min(SCAN_CHUNK_TOKENS, count - start)
+            at = start * itemsize
+            base = at - at % mmap.ALLOCATIONGRANULARITY
+            with mmap.mmap(fh.fileno(), at - base + size * itemsize, offset=base, access=mmap.ACCESS_READ) as mm:
+                chunk = np.frombuffer(mm, dtype=dtype, count=size, offset=at - base)
+                stop = step(start, chunk)
+                del chunk  # no view may outlive the mapping
+            if stop:
+                return
+
+
+def _scan_bin(path: Path, dtype: np.dtype, count: int, starts: np.ndarray, hasher=None
+              ) -> tuple[int, int, np.ndarray]:
+    """One sequential read of the ``.bin`` (:func:`_each_chunk`): ``(min, max, tokens at
+    starts)``, with ``starts`` ``int64[d]`` ascending token offsets (the documents' first
+    tokens). ``hasher`` (a ``hashlib`` object) is fed every byte, so the file's sha256
+    comes from the same read. Where an extreme first occurs is :func:`_first_at`'s job,
+    asked only when it is out of range."""
+    extremes: list[int] = []
+    firsts = np.empty(len(starts), dtype=np.int64)
+
+    def step(start: int, chunk: np.ndarray) -> None:
+        if hasher is not None:
+            hasher.update(chunk)
+        low, high = int(chunk.min()), int(chunk.max())
+        extremes[:] = [low, high] if not extremes else [min(extremes[0], low), max(extremes[1], high)]
+        a, b = np.searchsorted(starts, [start, start + chunk.size])
+        firsts[a:b] = chunk[starts[a:b] - start]
+
+    _each_chunk(path, dtype, count, step)
+    return extremes[0], extremes[1], firsts
+
+
+def _first_at(path: Path, dtype: np.dtype, count: int, value: int) -> int:
+    """Token offset of the first ``value`` in the ``.bin`` (-1 when absent), chunk by chunk."""
+    found = [-1]
+
+    def step(start: int, chunk: np.ndarray) -> bool:
+        hit = np.flatnonzero(chunk == value)
+        if hit.size:
+            found[0] = start + int(hit[0])
+        return bool(hit.size)
+
+    _each_chunk(path, dtype, count, step)
+    return found[0]
 
 
 def verify_megatron(
@@ -149,10 +183,14 @@ def verify_megatron(
     id in range is still caught; ``require_checksums`` makes a sidecar without the first
     two a failure instead of a skipped check, as the pipeline's own gate does); the index parses (:func:`read_index`);
     ``.bin`` size == sum(lengths) × itemsize; dtype int32 when the vocabulary has ≥ 65,500
-    ids (uint16 or int32 below); every id in ``[0, vocab_size)`` (one sequential read of
-    the ``.bin`` in chunks, :func:`_scan_bin`); the tokenizer file's sha256 matches the sidecar; every document starts with BOS id 2; the
+    ids (uint16 or int32 below); every id in ``[0, vocab_size)`` (the same sequential read
+    of the ``.bin`` as its sha256, in memory-mapped chunks, :func:`_scan_bin`); the
+    tokenizer file's sha256 matches the sidecar; every document starts with BOS id 2; the
     documents parquet has one row per document and document zero, BOS stripped, decodes
-    exactly to row 0; then the first 64 tokens of document zero are printed.
+    exactly to row 0; then the first 64 tokens of document zero are printed. The documents
+    parquet and the tokenizer file are hashed on a worker thread meanwhile (whole numpy
+    arrays over the index and the maps; no Python step per document or token); failures
+    are reported in the order above whatever finishes first.
 
     ``vocab_size`` defaults to the sidecar's; when given and different, that is a failure
     too and the given value is used. ``tokenizer_sha256``, when given, must equal the
@@ -184,6 +222,70 @@ def verify_megatron(
             fail(path, "missing" if not path.exists() else "empty", "present")
 
     sidecar = _load_sidecar(s, fail) if present[s] else None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify") as pool:
+        # the side files (documents parquet, tokenizer) are hashed on the other core while
+        # the .bin is hashed and scanned and row 0 read here; failures keep their order
+        side = _SideReads(pool, sidecar) if sidecar is not None else None
+        return _verify(prefix, vocab_size, out, tokenizer_sha256, require_checksums, tokenizer, failures, figures, fail,
+                       skip, present, sidecar, side)
+
+
+class _SideReads:
+    """The gate's hashes of a sidecar's other files, started on a worker thread in the
+    order the gate needs them: the documents parquet's sha256 and the tokenizer file's
+    (streamed: its bytes are read again only to parse a tokenizer, :func:`_tokenizer`)."""
+
+    def __init__(self, pool: ThreadPoolExecutor, sidecar: dict):
+        docs = Path(sidecar["documents_path"])
+        self.docs_sha256: Future = pool.submit(lambda: sha256_file(docs) if docs.is_file() else None)
+        tok_file = Path(sidecar["tokenizer_path"])
+        self.tokenizer_sha256: Future = pool.submit(lambda: sha256_file(tok_file) if tok_file.is_file() else None)
+
+
+def _documents_row0(docs_file: Path, key_col: str, col: str) -> dict:
+    """What the document-zero check reads of the documents parquet: ``{"error"}`` when it
+    cannot be opened, else its column ``names``, ``num_rows`` and the ``source`` text of
+    row 0 (None when it has no rows or lacks a column)."""
+    try:
+        pf = pq.ParquetFile(docs_file)
+    except (OSError, ValueError) as e:
+        return {"error": e}
+    names = pf.schema_arrow.names
+    rows = pf.metadata.num_rows
+    source = None
+    if rows and key_col in names and col in names:
+        source = next(pf.iter_batches(batch_size=1, columns=[col], use_threads=False)).column(0)[0].as_py()
+    return {"names": names, "num_rows": rows, "source": source}
+
+
+def _verify(prefix, vocab_size, out, tokenizer_sha256, require_checksums, tokenizer, failures, figures, fail, skip,
+            present, sidecar, side: _SideReads | None) -> VerifyReport:
+    """The checks of :func:`verify_megatron` after the presence check and the sidecar's
+    parse, in the same order, on ``side``'s reads."""
+    b, x, s = bin_path(prefix), idx_path(prefix), sidecar_path(prefix)
+    info: IndexInfo | None = None  # parsed first, its failure reported in its place below
+    index_error = None
+    if present[x]:
+        try:
+            info = read_index(x)
+        except IndexFormatError as e:
+            index_error = e
+    bin_size = b.stat().st_size if info is not None and present[b] else None
+    bin_ok = bin_size is not None and bin_size == info.bin_bytes
+    if bin_ok:
+        cum = np.concatenate([[0], np.cumsum(info.sequence_lengths, dtype=np.int64)])
+        starts = cum[info.document_indices[:-1]]
+        sizes = cum[info.document_indices[1:]] - starts
+        nonempty = sizes > 0
+        firsts = np.full(info.document_count, -1, dtype=np.int64)
+    scan = None
+
+    def read_bin(hashing: bool):
+        """The .bin's sha256 (when ``hashing``) and its scan from one read of it."""
+        hasher = hashlib.sha256() if hashing else None
+        got = _scan_bin(b, info.dtype, info.token_count, starts[nonempty], hasher)
+        return got, hasher.hexdigest() if hashing else None
+
     if sidecar is not None:
         checked = [(b, "bin_sha256"), (x, "idx_sha256"), (sidecar["documents_path"], "documents_sha256")]
         for path, key in checked:
@@ -194,7 +296,15 @@ def verify_megatron(
                 skip(f"{key}", "the sidecar records no sha256 (written before payload checksums)")
             elif not Path(path).is_file():
                 continue  # reported by the presence and doc0 checks
-            elif (got := sha256_file(path)) != want:
+            else:
+                if key == "documents_sha256":
+                    got = side.docs_sha256.result()
+                elif key == "bin_sha256" and bin_ok and info.token_count:
+                    scan, got = read_bin(hashing=True)
+                else:
+                    got = sha256_file(path)
+                if got == want:
+                    continue
                 fail(path, f"sha256 {got} != sidecar {key} {want}: the bytes changed after they were written",
                      "sha256")
         if vocab_size is not None and vocab_size != sidecar["vocab_size"]:
@@ -205,23 +315,15 @@ def verify_megatron(
                  "tokenizer-sha256")
     figures["vocab_size"] = vocab_size
 
-    info: IndexInfo | None = None
-    if present[x]:
-        try:
-            info = read_index(x)
-        except IndexFormatError as e:
-            fail(x, str(e).removeprefix(f"{x}: "), "index")
+    if index_error is not None:
+        fail(x, str(index_error).removeprefix(f"{x}: "), "index")
     if info is not None:
         figures.update(sequences=info.sequence_count, documents=info.document_count,
                        tokens=info.token_count, dtype=info.dtype.name)
 
-    bin_ok = False
-    if info is not None and present[b]:
-        size = b.stat().st_size
-        bin_ok = size == info.bin_bytes
-        if not bin_ok:
-            fail(b, f"{size} bytes != sum(sequence lengths) {info.token_count} x itemsize "
-                    f"{info.dtype.itemsize} = {info.bin_bytes}", "bin-size")
+    if bin_size is not None and not bin_ok:
+        fail(b, f"{bin_size} bytes != sum(sequence lengths) {info.token_count} x itemsize "
+                f"{info.dtype.itemsize} = {info.bin_bytes}", "bin-size")
 
     if info is not None and vocab_size is not None:
         allowed = ("int32",) if vocab_size >= UINT16_VOCAB_LIMIT else ("uint16", "int32")
@@ -229,37 +331,35 @@ def verify_megatron(
             fail(x, f"dtype code {info.dtype_code}: {info.dtype.name} index cannot hold ids of a "
                     f"{vocab_size}-token vocabulary (allowed: {', '.join(allowed)})", "dtype")
 
-    tokens, firsts = None, None
-    if info is not None and bin_ok:
-        cum = np.concatenate([[0], np.cumsum(info.sequence_lengths, dtype=np.int64)])
-        starts = cum[info.document_indices[:-1]]
-        sizes = cum[info.document_indices[1:]] - starts
-        nonempty = sizes > 0
-        firsts = np.full(info.document_count, -1, dtype=np.int64)
+    tokens = None
     if bin_ok and info.token_count:
         tokens = np.memmap(b, dtype=info.dtype, mode="r", shape=(info.token_count,))  # document zero only
-        lo, hi, lo_at, hi_at, firsts[nonempty] = _scan_bin(b, info.dtype, info.token_count, starts[nonempty])
+        lo, hi, firsts[nonempty] = scan if scan is not None else read_bin(hashing=False)[0]
     if tokens is not None and vocab_size is not None:
         figures.update(min_token=lo, max_token=hi)
         ends = np.cumsum(info.sequence_lengths, dtype=np.int64)
         if lo < 0:
+            lo_at = _first_at(b, info.dtype, info.token_count, lo)
             fail(b, f"negative token id {lo} at token {lo_at} (sequence "
                     f"{int(np.searchsorted(ends, lo_at, side='right'))})", "token-range")
         if hi >= vocab_size:
+            hi_at = _first_at(b, info.dtype, info.token_count, hi)
             fail(b, f"token id {hi} >= vocab_size {vocab_size} at token {hi_at} (sequence "
                     f"{int(np.searchsorted(ends, hi_at, side='right'))})", "token-range")
     else:
         skip("token-range", "no readable tokens" if vocab_size is not None else "vocab_size unknown")
 
+    row0 = None  # read here, while the worker hashes the tokenizer file; checked below, in its place
+    if sidecar is not None and info is not None and bin_ok and info.document_count:
+        row0 = _documents_row0(Path(sidecar["documents_path"]), sidecar["document_key_column"],
+                               sidecar["document_text_column"])
     tok_file = sidecar["tokenizer_path"] if sidecar else None
-    tok_bytes = tok_digest = None
+    tok_digest = None
     if tok_file is None:
         skip("tokenizer-sha256", "no sidecar")
-    elif not tok_file.is_file():
+    elif not tok_file.is_file() or (tok_digest := side.tokenizer_sha256.result()) is None:
         fail(tok_file, "tokenizer file named by the sidecar is missing", "tokenizer-sha256")
     else:
-        tok_bytes = tok_file.read_bytes()  # hashed, then parsed from these very bytes
-        tok_digest = hashlib.sha256(tok_bytes).hexdigest()
         if tok_digest != sidecar["tokenizer_sha256"]:
             fail(tok_file, f"sha256 {tok_digest} != sidecar {sidecar['tokenizer_sha256']}", "tokenizer-sha256")
 
@@ -280,9 +380,9 @@ def verify_megatron(
         skip("bos", "index or .bin unusable")
 
     tok = None
-    if doc0 is not None and sidecar is not None and tok_bytes is not None:
+    if doc0 is not None and sidecar is not None and tok_digest is not None:
         given = tokenizer if tokenizer is not None and tokenizer_sha256 == tok_digest else None
-        tok = _check_doc0(doc0, tok_file, tok_bytes, tok_digest, given, sidecar, info.document_count, fail)
+        tok = _check_doc0(doc0, tok_file, tok_digest, given, sidecar, info.document_count, fail, row0)
     else:
         skip("doc0-roundtrip", "document zero, sidecar or tokenizer unavailable")
 
@@ -301,17 +401,22 @@ def verify_megatron(
     return report
 
 
-def _tokenizer(tok_bytes: bytes, digest: str, given=None):
-    """The tokenizer of the file bytes ``tok_bytes`` (sha256 ``digest``): ``given`` (parsed
+def _tokenizer(tok_file: Path, digest: str, given=None):
+    """The tokenizer of ``tok_file``, whose bytes hashed to ``digest``: ``given`` (parsed
     by the caller from bytes of that digest), else the one parsed here earlier from bytes
-    of that digest, else parsed now and kept (only tokenizers parsed here are kept).
-    Raises whatever ``tokenizers`` raises for bad bytes."""
+    of that digest, else parsed now from the file's bytes read again — only when they
+    still hash to ``digest`` (``ValueError`` otherwise: the file changed while it was
+    checked) — and kept (only tokenizers parsed here are kept). Raises whatever
+    ``tokenizers`` raises for bad bytes."""
     from tokenizers import Tokenizer
 
     if given is not None:
         return given
     tok = _TOKENIZERS.get(digest)
     if tok is None:
+        tok_bytes = tok_file.read_bytes()  # parsed from these very bytes, once they hash to digest
+        if (now := hashlib.sha256(tok_bytes).hexdigest()) != digest:
+            raise ValueError(f"the file changed while it was checked: sha256 {now}, was {digest}")
         tok = Tokenizer.from_buffer(tok_bytes)
         if hasattr(tok, "encode_special_tokens"):
             tok.encode_special_tokens = True
@@ -320,35 +425,34 @@ def _tokenizer(tok_bytes: bytes, digest: str, given=None):
     return tok
 
 
-def _check_doc0(doc0: np.ndarray, tok_file: Path, tok_bytes: bytes, digest: str, given, sidecar: dict, n_docs: int,
-                fail: Callable[[Path, str, str], None]):
-    """Decode document zero with the tokenizer of ``tok_file`` (its bytes ``tok_bytes``,
-    sha256 ``digest``; :func:`_tokenizer`) and compare it exactly with row 0 of the
-    documents parquet.
+def _check_doc0(doc0: np.ndarray, tok_file: Path, digest: str, given, sidecar: dict, n_docs: int,
+                fail: Callable[[Path, str, str], None], row0: dict):
+    """Decode document zero with the tokenizer of ``tok_file`` (whose bytes hashed to
+    ``digest``; :func:`_tokenizer`) and compare it exactly with row 0 of the
+    documents parquet (``row0``, :func:`_documents_row0`): the parquet must open, have the
+    key and text columns and one row per Megatron document (``n_docs``).
 
     Returns the loaded ``tokenizers.Tokenizer`` (or None when it cannot be loaded).
     """
     try:
-        tok = _tokenizer(tok_bytes, digest, given)
+        tok = _tokenizer(tok_file, digest, given)
     except Exception as e:  # the tokenizers library raises its own exception types
         fail(tok_file, f"cannot load tokenizer: {e}", "doc0-roundtrip")
         return None
     docs_file, col = sidecar["documents_path"], sidecar["document_text_column"]
-    try:
-        pf = pq.ParquetFile(docs_file)
-    except (OSError, ValueError) as e:
-        fail(docs_file, f"cannot open documents parquet: {e}", "doc0-roundtrip")
+    if "error" in row0:
+        fail(docs_file, f"cannot open documents parquet: {row0['error']}", "doc0-roundtrip")
         return tok
-    names = pf.schema_arrow.names
+    names = row0["names"]
     missing = [c for c in (sidecar["document_key_column"], col) if c not in names]
     if missing:
         fail(docs_file, f"columns {missing} missing (has {names})", "doc0-roundtrip")
         return tok
-    if pf.metadata.num_rows != n_docs:
-        fail(docs_file, f"{pf.metadata.num_rows} rows != {n_docs} Megatron documents", "doc0-roundtrip")
-    if pf.metadata.num_rows == 0:
+    if row0["num_rows"] != n_docs:
+        fail(docs_file, f"{row0['num_rows']} rows != {n_docs} Megatron documents", "doc0-roundtrip")
+    if row0["num_rows"] == 0:
         return tok
-    source = next(pf.iter_batches(batch_size=1, columns=[col])).column(0)[0].as_py()
+    source = row0["source"]
     ids = doc0[1:] if doc0.size and doc0[0] == BOS_ID else doc0
     decoded = tok.decode(ids.tolist(), skip_special_tokens=False)
     if decoded != source:

@@ -304,18 +304,28 @@ _SEGMENTS = 7
 
 def decide_all(doc_keys, lengths: np.ndarray, cfg: FimConfig, row_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(mode, a, b)`` arrays for BOS-prefixed documents of ``lengths`` tokens (BOS
-    included): ``mode`` int8 0 (left whole), 1 (PSM) or 2 (SPM), the cuts of
-    :func:`decide` — exactly :func:`apply_fim`'s choice per document, a drawn document
-    whose markers would overflow ``row_length`` left whole. With ``rate == 0`` nothing is
-    drawn (no hashing)."""
+    included, each ≥ 1; ``doc_keys`` a sequence of ``str``, one per document): ``mode``
+    int8[n] 0 (left whole), 1 (PSM) or 2 (SPM), ``a`` and ``b`` int64[n] the body cuts —
+    exactly :func:`decide` per document, a drawn document whose markers would overflow
+    ``row_length`` left whole. One sha256 digest per key (hashlib has no batch call), the
+    four 64-bit words of every digest read as one ``uint64[n, 4]`` array and the draws,
+    sides and cuts taken with numpy (``uint64 → float64`` rounds as ``int / float`` does).
+    With ``rate == 0`` nothing is drawn (no hashing). ``ValueError`` when a length is < 1."""
     n = np.asarray(lengths, dtype=np.int64)
     mode, a, b = np.zeros(n.size, np.int8), np.zeros(n.size, np.int64), np.zeros(n.size, np.int64)
-    if cfg.rate <= 0:
+    if cfg.rate <= 0 or not n.size:
         return mode, a, b
-    for i, (key, m) in enumerate(zip(doc_keys, n.tolist())):
-        got, x, y = decide(key, m - 1, cfg)
-        if got != "none" and m + MARKERS <= row_length:
-            mode[i], a[i], b[i] = (1 if got == "psm" else 2), x, y
+    if int(n.min()) < 1:
+        raise ValueError(f"document {int(np.argmin(n))} has no tokens (FIM needs the BOS)")
+    head = f"{cfg.seed}\x00"
+    digests = b"".join([hashlib.sha256(f"{head}{k}".encode()).digest() for k in doc_keys])
+    w = np.frombuffer(digests, dtype="<u8").reshape(n.size, 4)
+    draw, side = w[:, 0].astype(np.float64) / 2.0**64, w[:, 1].astype(np.float64) / 2.0**64
+    width = n.astype(np.uint64)  # n_body + 1 cut positions
+    x, y = (w[:, 2] % width).astype(np.int64), (w[:, 3] % width).astype(np.int64)
+    drawn = (draw < cfg.rate) & (n + MARKERS <= row_length)
+    mode[drawn] = np.where(side[drawn] < cfg.spm_share, 2, 1)
+    a[drawn], b[drawn] = np.minimum(x, y)[drawn], np.maximum(x, y)[drawn]
     return mode, a, b
 
 
@@ -325,17 +335,28 @@ def permute_ids(flat: np.ndarray, lengths: np.ndarray, doc_keys, cfg: FimConfig,
 
     ``flat`` holds the documents' ids back to back (``lengths`` tokens each, BOS included),
     ``doc_keys`` their keys. Returns ``(ids, lengths, drawn)``: the documents after FIM,
-    back to back, their lengths (3 more for a transformed document) and the bool mask of
-    the transformed ones. Each document's ids are exactly ``apply_fim(doc).doc.ids``
-    (:func:`decide_all`, :func:`permutation`, :func:`marker_ids`); only the ids move, so
-    the doc-comment policy (a loss mask) plays no part. Every document is cut into the
-    seven segments of its layout (whole, or BOS, markers and pieces) and all are gathered
-    with one index array."""
+    back to back (``flat``'s dtype), their lengths (int64[n], 3 more for a transformed
+    document) and the bool mask of the transformed ones. Each document's ids are exactly
+    ``apply_fim(doc).doc.ids`` (:func:`decide_all`, then :func:`apply_cuts`); only the ids
+    move, so the doc-comment policy (a loss mask) plays no part."""
+    mode, a, b = decide_all(doc_keys, lengths, cfg, row_length)
+    return apply_cuts(flat, lengths, mode, a, b)
+
+
+def apply_cuts(flat: np.ndarray, lengths: np.ndarray, mode: np.ndarray, a: np.ndarray, b: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`permute_ids` for the choices of :func:`decide_all` (``mode`` int8[n], cuts
+    ``a``/``b`` int64[n] with ``0 ≤ a ≤ b ≤ lengths - 1`` where drawn) on ``flat`` (ids
+    back to back, ``lengths`` tokens each, BOS first): ``(ids, lengths, drawn)`` —
+    ``flat``'s dtype, int64[n] (3 more for a drawn document), bool[n]; ``flat`` itself when
+    nothing is drawn. Every document is cut into the seven segments of its layout (whole,
+    or BOS, markers and pieces), and all are gathered with one int64 index array (each
+    segment's source offset repeated over its tokens, plus the output position). Cuts
+    outside a document raise ``IndexError`` or move another document's ids."""
     n = np.asarray(lengths, dtype=np.int64)
-    mode, a, b = decide_all(doc_keys, n, cfg, row_length)
     drawn = mode > 0
     if not drawn.any():
-        return flat, np.asarray(lengths), drawn
+        return flat, n, drawn
     start = np.zeros(n.size, np.int64)
     np.cumsum(n[:-1], out=start[1:])
     src = np.zeros((n.size, _SEGMENTS), np.int64)  # first source token of each segment (0 for a marker)
@@ -359,8 +380,7 @@ def permute_ids(flat: np.ndarray, lengths: np.ndarray, doc_keys, cfg: FimConfig,
     np.cumsum(size[:-1], out=out_start[1:])
     take = np.repeat(src - out_start, size)
     take += np.arange(take.size, dtype=np.int64)
-    out = np.asarray(flat)[take]
+    out = np.take(np.asarray(flat), take)
     is_marker = mark >= 0
     out[out_start[is_marker]] = mark[is_marker]
     return out, n + MARKERS * drawn, drawn
-

@@ -18,6 +18,14 @@ def load(ctx):
     ``tokenizer_manifest`` inputs; the manifest gains ``sha256`` (= ``tokenizer_sha256``).
     Raises :class:`megacpp_core.tokenizer.TokenizerMismatchError` when the file's sha256 is
     not the one its manifest records, and ``MissingOutputError`` when either is missing."""
+    tok, info, _ = load_with_bytes(ctx)
+    return tok, info
+
+
+def load_with_bytes(ctx):
+    """:func:`load` plus the bytes of the ``tokenizer`` file it read and hashed
+    (``(tokenizer, manifest, bytes)``), for a stage that copies the file into its output
+    without reading it again. Same errors as :func:`load`."""
     info = dict(ctx.input("tokenizer_manifest").read_json())
     info["sha256"] = info["tokenizer_sha256"]
     ref = ctx.input("tokenizer")
@@ -28,4 +36,10 @@ def load(ctx):
         tok = tk.tokenizer_from_json(data, info["sha256"], where=ref.uri)  # raises on a mismatch
         _PARSED.clear()  # one snapshot tokenizer at a time
         _PARSED[digest] = tok
-    return tok, info
+    return tok, info, data
+
+
+def parsed(sha256: str):
+    """The tokenizer this process parsed from file bytes whose sha256 is ``sha256`` (hex),
+    kept by :func:`load`; None when it has not (no file is read)."""
+    return _PARSED.get(sha256.lower()) if isinstance(sha256, str) else None

@@ -137,10 +137,17 @@ class ParquetStream:
     in memory, and are read back memory-mapped when the row group fills. Memory is then
     one table being written plus, at a row group's write, the row group itself (1,024 rows
     of 65,536 tokens are 64 Mi tokens a list column), never the rows waiting in between.
+
+    Unless made with ``release_each_write=False``, the writer's page and compression
+    buffers are handed back to the system after each write (:func:`release_memory`), so a
+    large batch does not stay resident after its write; a writer of many similar batches
+    keeps them for the next one instead (handing them back after each shard and faulting
+    them in again made the Megatron export's documents parquet of the default snapshot
+    take 61 ms instead of 44 ms).
     """
 
     def __init__(self, path: str | os.PathLike, schema: pa.Schema, row_group_size: int = ROW_GROUP_SIZE,
-                 whole_row_groups: bool = False):
+                 whole_row_groups: bool = False, release_each_write: bool = True):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.path.with_name(self.path.name + ".tmp")
@@ -148,12 +155,11 @@ class ParquetStream:
         self._schema = schema.remove_metadata()
         self._rows = row_group_size
         self._whole, self._held, self._spool, self._wrote = whole_row_groups, 0, None, False
+        self._release = release_each_write
         self._writer = _writer(self._tmp, self._schema)
 
     def write(self, table: pa.Table) -> None:
-        """Append ``table`` (its schema must equal the stream's, metadata aside). The
-        writer's page and compression buffers are handed back to the system afterwards
-        (:func:`release_memory`), so a large batch does not stay resident after its write."""
+        """Append ``table`` (its schema must equal the stream's, metadata aside)."""
         table = table.replace_schema_metadata(None).cast(self._schema)
         if not self._whole:
             self._write(table)
@@ -175,7 +181,8 @@ class ParquetStream:
     def _write(self, table: pa.Table) -> None:
         self._writer.write_table(table, row_group_size=self._rows)
         self._wrote = True
-        release_memory()
+        if self._release:
+            release_memory()
 
     def _to_spool(self, table: pa.Table) -> None:
         if self._spool is None:
@@ -256,14 +263,13 @@ def read_parquet(path: str | os.PathLike, columns: list[str] | None = None) -> p
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes, streamed in 1 MiB chunks."""
+    """Hex SHA-256 of a file's bytes, streamed through one reused ``chunk``-byte buffer
+    (1 MiB; no bytes object per read). ``OSError`` when the file cannot be read."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
+    buf = memoryview(bytearray(chunk))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(buf[:n])
     return h.hexdigest()
 
 

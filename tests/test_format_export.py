@@ -141,3 +141,102 @@ def test_format_stage_writes_the_bytes_of_the_per_document_export(tiny_run, tiny
     for ext in (".bin", ".idx", ".documents.parquet"):
         assert (got.parent / f"{got.name}{ext}").read_bytes() == (ref.parent / f"{ref.name}{ext}").read_bytes(), ext
     assert res.figures["parts"] == sum(1 for r in copy._shard_refs("tokenized") if r.read(columns=["doc_key"]).num_rows)
+
+
+def _tiny_documents(lay, count: int = 40):
+    """``count`` tiny documents (keep order, with the order columns) and a last one that is
+    its BOS alone, as ``(table, flat ids, lengths, texts)``."""
+    docs = lay.documents("tokenized", columns=["doc_key", "text", "input_ids"]).slice(0, count)
+    bos = pa.table({c: pa.array([{"doc_key": "bos-only#0", "text": "", "input_ids": [tk.BOS_ID]}.get(c, docs.column(c)[0].as_py())],
+                                docs.schema.field(c).type) for c in docs.column_names})
+    docs = pa.concat_tables([docs, bos])
+    col = docs.column("input_ids").combine_chunks()
+    offsets = col.offsets.to_numpy()
+    flat = col.values.to_numpy()[offsets[0]:offsets[-1]].astype(np.uint32)
+    return docs, flat, np.diff(offsets).astype(np.int64), docs.column("text").combine_chunks()
+
+
+def test_fim_texts_equal_the_ids_bytes_at_every_cut(tiny_tokenizer):
+    """The FIM texts cut from the source texts are the texts decoded from the FIM ids
+    (:func:`megacpp_core.megatron_export.decoded_texts`), for PSM and SPM, cuts at the
+    body's ends (empty pieces, the last document's suffix ending the ids) and a document
+    that is its BOS alone; None exactly where those bytes are not UTF-8 (a cut inside a
+    character: the caller decodes them) or a text is not its ids' bytes."""
+    lay, tok, sha = tiny_tokenizer
+    _, flat, lengths, texts = _tiny_documents(lay)
+    body = lengths - 1
+    rng = np.random.default_rng(5)
+    edges = {"random": None, "start": (0, 0), "end": (body, body), "whole middle": (0, body), "no suffix": (body // 2, body)}
+    fallbacks = 0
+    for trial in range(24):
+        kind = list(edges)[trial % len(edges)]
+        mode = rng.integers(0, 3, lengths.size).astype(np.int8)
+        mode[-2:] = rng.integers(1, 3)  # the last real document and the BOS-only one are drawn
+        if edges[kind] is None:
+            x, y = rng.integers(0, body + 1), rng.integers(0, body + 1)
+            a, b = np.minimum(x, y), np.maximum(x, y)
+        else:
+            a, b = (np.broadcast_to(v, lengths.shape).astype(np.int64) for v in edges[kind])
+        a, b = np.where(mode > 0, a, 0).astype(np.int64), np.where(mode > 0, b, 0).astype(np.int64)
+        ids, new_lengths, drawn = fim.apply_cuts(flat, lengths, mode, a, b)
+        want = megatron_export.splice_texts(
+            texts, drawn, megatron_export.decoded_texts(ids[np.repeat(drawn, new_lengths)], new_lengths[drawn], tok, sha))
+        got = megatron_export.fim_texts(texts, flat, lengths, mode, a, b, tok, sha)
+        if got is None:
+            fallbacks += 1
+            assert any("\ufffd" in t for t in want.to_pylist()), (trial, kind)
+        else:
+            assert got.type == pa.large_string() and got.to_pylist() == want.to_pylist(), (trial, kind)
+    assert fallbacks < 24
+    # "€" as its three byte tokens, cut inside the character: the pieces are not UTF-8
+    table = fim.token_byte_table(tok)
+    euro = np.array([tk.BOS_ID, *(table.index(bytes([c])) for c in "€".encode())], np.uint32)
+    split = (np.concatenate([flat, euro]), np.append(lengths, euro.size), pa.array(texts.to_pylist() + ["€"], pa.string()))
+    mode = np.zeros(lengths.size + 1, np.int8)
+    mode[-1] = 1
+    cut_a, cut_b = np.zeros(lengths.size + 1, np.int64), np.zeros(lengths.size + 1, np.int64)
+    cut_a[-1], cut_b[-1] = 1, 2
+    assert megatron_export.fim_texts(split[2], split[0], split[1], mode, cut_a, cut_b, tok, sha) is None
+    wrong = pa.array(texts.to_pylist()[:-2] + [texts[-2].as_py() + "x", ""], pa.string())
+    mode = np.zeros(lengths.size, np.int8)
+    mode[-2] = 1
+    assert megatron_export.fim_texts(wrong, flat, lengths, mode, np.zeros_like(lengths), body, tok, sha) is None
+
+
+def test_export_fails_closed_when_the_writer_thread_fails(tiny_tokenizer, tmp_path, monkeypatch):
+    """An error in the writer thread (the documents parquet's append) reaches the caller
+    and leaves no pair at the prefix, as an error of the reading thread does."""
+    from megacpp_core.manifest import load_manifest
+
+    lay, tok, sha = tiny_tokenizer
+    docs = lay.documents("tokenized", columns=megatron_export.COLUMNS + kept.DOCUMENT_ORDER_COLUMNS).slice(0, 30)
+
+    class Ref:
+        def __init__(self, table):
+            self.table, self.uri = table, "memory"
+
+        def read(self, columns=None):
+            return self.table.select(columns)
+
+    refs = [Ref(docs.slice(0, 10)), Ref(docs.slice(10, 10)), Ref(docs.slice(20, 10))]
+    settings = load_manifest("tiny").settings
+    info = {"sha256": sha, "vocab_size": 131072}
+    order = {s.name: i for i, s in enumerate(load_manifest("tiny").sources)}
+    schema = pa.schema([("doc_key", pa.string()), ("text", pa.large_string())])
+    with ParquetStream(tmp_path / "ok.documents.parquet", schema, release_each_write=False) as out:
+        written = megatron_export.document_level(refs, None, order, settings, tok, info, tmp_path, tmp_path / "ok", out)
+    assert written["parts"] == 3 and written["sequences"] == 30
+    calls = []
+    real = ParquetStream.write
+
+    def failing(self, table):
+        calls.append(len(table))
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real(self, table)
+
+    monkeypatch.setattr(ParquetStream, "write", failing)
+    with pytest.raises(OSError, match="disk full"):
+        with ParquetStream(tmp_path / "bad.documents.parquet", schema) as out:
+            megatron_export.document_level(refs, None, order, settings, tok, info, tmp_path, tmp_path / "bad", out)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("bad")]

@@ -8,6 +8,7 @@ exactly as the Dagster assets run them.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 import pyarrow.parquet as pq
 import pytest
@@ -111,7 +112,7 @@ def test_stored_answers_give_the_same_table(corpus, tmp_path):
     assert (warm.scans, res.figures["scancode_runs"]) == (0, 0) and warm.store_hits > 0
     assert res.figures["scancode_store_hits"] == warm.store_hits and path.read_bytes() == want
     foreign = lic.Scanner(ResultStore(DataRoot(layout.data_root).cache_dir / license_stage.STORE_DIR,
-                                          ns=f"another scancode for {tmp_path.name}"))  # never stored before
+                                          ns=f"another scancode {uuid.uuid4().hex}"))  # never stored before, even in a shared cache
     stages.run("license", layout.data_root, manifest, "psycopg2-2.9.13", tools={"scancode": foreign})
     assert foreign.scans > 0 and foreign.store_hits == 0 and path.read_bytes() == want
 

@@ -222,3 +222,118 @@ def test_gate_parses_a_tokenizer_once_per_file_bytes(tmp_path, tokenizer_file, m
     copy.write_bytes(tokenizer_file.read_bytes() + b"\n")
     assert verify_megatron(build(tmp_path / "other", copy), out=lambda _: None).ok
     assert list(v._TOKENIZERS) == [sha256_file(copy)]
+
+
+def _rewrite_sidecar(prefix: str, **changes) -> None:
+    import json
+
+    path = f"{prefix}.json"
+    with open(path) as f:
+        doc = json.load(f)
+    doc.update(changes)
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def _document_start(prefix: str, doc: int) -> tuple[np.ndarray, int]:
+    """``(the .bin's ids, token offset of document doc)``."""
+    from megacpp_core.megatron import read_index
+
+    info = read_index(f"{prefix}.idx")
+    return np.fromfile(f"{prefix}.bin", dtype=info.dtype), int(info.sequence_lengths[:doc].sum(dtype=np.int64))
+
+
+def _flip_token(prefix: str, doc: int, new_id: int, at: int = 1) -> None:
+    """Token ``at`` of document ``doc`` becomes ``new_id`` (the index is unchanged)."""
+    ids, start = _document_start(prefix, doc)
+    ids[start + at] = new_id
+    ids.tofile(f"{prefix}.bin")
+
+
+def _swap_documents(prefix: str) -> None:
+    """Documents 1 and 2 swap lengths in the index (pointers kept consistent, so the index
+    still parses)."""
+    from megacpp_core.megatron import read_index
+
+    info = read_index(f"{prefix}.idx")
+    lengths = info.sequence_lengths.copy()
+    lengths[[1, 2]] = lengths[[2, 1]]
+    pointers = np.concatenate([[0], np.cumsum(lengths[:-1].astype(np.int64) * info.dtype.itemsize)])
+    raw = open(f"{prefix}.idx", "rb").read()
+    head = 34  # magic, version, dtype code, sequence and document counts
+    out = raw[:head] + lengths.astype("<i4").tobytes() + pointers.astype("<i8").tobytes() + raw[head + lengths.size * 12:]
+    assert len(out) == len(raw) and struct.unpack("<Q", raw[18:26])[0] == lengths.size
+    open(f"{prefix}.idx", "wb").write(out)
+
+
+def _docs_row(tmp_path, row: int, text: str) -> None:
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "ds" / "documents.parquet"
+    t = pq.read_table(path)
+    texts = t.column("text").to_pylist()
+    texts[row] = text
+    write_parquet(pa.table({"doc_key": t.column("doc_key"), "text": texts}), path)
+
+
+#: One corruption per check of the gate (SPEC §7): ``(id, corrupt(tmp_path, prefix, tokenizer_file),
+#: verify kwargs, the rule tag, a needle of its message)``. Each is caught by its own check, so
+#: dropping or weakening any check of ``verify_megatron`` fails its case here.
+EVERY_CHECK = [
+    ("bin-missing", lambda t, p, tf: (t / "ds" / "train.bin").unlink(), {}, "present", "train.bin: missing"),
+    ("idx-empty", lambda t, p, tf: (t / "ds" / "train.idx").write_bytes(b""), {}, "present", "train.idx: empty"),
+    ("sidecar-missing", lambda t, p, tf: (t / "ds" / "train.json").unlink(), {}, "present", "train.json: missing"),
+    ("sidecar-unreadable", lambda t, p, tf: (t / "ds" / "train.json").write_text("{not json"), {}, "sidecar",
+     "unreadable sidecar"),
+    ("sidecar-fields", lambda t, p, tf: _rewrite_sidecar(p, vocab_size="many"), {}, "sidecar", "missing or mistyped"),
+    ("vocab-expected", lambda t, p, tf: None, {"vocab_size": 4096}, "sidecar", "!= expected 4096"),
+    ("bin-sha256-in-range", lambda t, p, tf: _flip_token(p, 3, 77), {}, "sha256", "train.bin: sha256"),
+    ("idx-sha256", lambda t, p, tf: _swap_documents(p), {}, "sha256", "train.idx: sha256"),
+    ("documents-sha256", lambda t, p, tf: _docs_row(t, 2, "changed row"), {}, "sha256", "documents.parquet: sha256"),
+    ("checksums-required", lambda t, p, tf: _rewrite_sidecar(p, bin_sha256=None), {"require_checksums": True},
+     "sha256", "records no bin_sha256"),
+    ("tokenizer-expected", lambda t, p, tf: None, {"tokenizer_sha256": "0" * 64}, "tokenizer-sha256",
+     "expected " + "0" * 64),
+    ("index", lambda t, p, tf: (t / "ds" / "train.idx").write_bytes(b"XX" + (t / "ds" / "train.idx").read_bytes()[2:]),
+     {}, "index", "bad magic"),
+    ("bin-size", lambda t, p, tf: (t / "ds" / "train.bin").write_bytes((t / "ds" / "train.bin").read_bytes() + b"\0" * 4),
+     {}, "bin-size", "bytes != sum(sequence lengths)"),
+    ("dtype", None, {}, "dtype", "uint16 index cannot hold"),
+    ("token-range-high", lambda t, p, tf: _flip_token(p, 2, DECLARED_VOCAB), {}, "token-range",
+     f"token id {DECLARED_VOCAB} >= vocab_size"),
+    ("token-range-negative", lambda t, p, tf: _flip_token(p, 1, -3), {}, "token-range", "negative token id -3"),
+    ("tokenizer-sha256", lambda t, p, tf: _rewrite_sidecar(p, tokenizer_sha256="f" * 64), {}, "tokenizer-sha256",
+     "!= sidecar " + "f" * 64),
+    ("tokenizer-missing", lambda t, p, tf: _rewrite_sidecar(p, tokenizer_path="nowhere/tokenizer.json"), {},
+     "tokenizer-sha256", "tokenizer file named by the sidecar is missing"),
+    ("bos", lambda t, p, tf: _flip_token(p, 2, 5, at=0), {}, "bos",
+     "do not start with BOS id 2 (first: document 2, starts with 5)"),
+    ("doc0-text", lambda t, p, tf: _docs_row(t, 0, "int main(void) { return 7; }\n"), {}, "doc0-roundtrip",
+     "row 0 differs from decoded document zero"),
+    ("doc0-rows", lambda t, p, tf: write_parquet(pa.table({"doc_key": ["k0"], "text": [SOURCES[0]]}),
+                                                 t / "ds" / "documents.parquet"), {}, "doc0-roundtrip",
+     "1 rows != 4 Megatron documents"),
+    ("doc0-columns", lambda t, p, tf: write_parquet(pa.table({"doc_key": [f"k{i}" for i in range(4)], "body": SOURCES}),
+                                                    t / "ds" / "documents.parquet"), {}, "doc0-roundtrip",
+     "columns ['text'] missing"),
+    ("doc0-parquet", lambda t, p, tf: (t / "ds" / "documents.parquet").write_bytes(b"not parquet"), {},
+     "doc0-roundtrip", "cannot open documents parquet"),
+]
+
+
+@pytest.mark.parametrize("case", EVERY_CHECK, ids=[c[0] for c in EVERY_CHECK])
+def test_every_check_of_the_gate_catches_its_corruption(tmp_path, tokenizer_file, case):
+    """Each check of SPEC §7's gate, on a dataset that passes every other: the gate fails
+    with that check's rule and message (a check that is dropped, or that no longer reads
+    what it checks — the .bin's bytes, the index, the documents' row 0, the tokenizer
+    file — leaves its case passing). The payload checksums are on, as in the pipeline."""
+    name, corrupt, kwargs, rule, needle = case
+    prefix = build(tmp_path, tokenizer_file, index_vocab=300 if name == "dtype" else None)
+    assert name == "dtype" or verify_megatron(prefix, out=lambda _: None, require_checksums=True).ok
+    if corrupt is not None:
+        corrupt(tmp_path, prefix, tokenizer_file)  # the sidecar's checksums still describe the files as built
+    lines: list[str] = []
+    report = verify_megatron(prefix, out=lines.append, **kwargs)
+    assert not report.ok, lines
+    hits = [f for f in report.failures if f.endswith(f"[{rule}]") and needle in f]
+    assert hits, (rule, needle, report.failures)

@@ -23,7 +23,7 @@ from megacpp_checks.packed import verify_packed_dir
 
 from .. import catalog, families, family_documents, fim, megatron_export, pack, pack_stream, plots, snapshot_tokenizer
 from ..stage import Files, Partitioning, Result, Shards, Stage, StageError
-from ..tables import ParquetStream, read_parquet, sha256_file
+from ..tables import ParquetStream, read_parquet, release_memory, sha256_file
 
 #: Settings of every family stage; a family with FIM also reads :data:`FIM_SETTINGS`.
 SETTINGS = ("validation_fraction", "max_docs_per_shard", "pack_group_tokens")
@@ -83,8 +83,11 @@ def _compute(family: families.Family, ctx) -> Result:
     name = f"{ctx.snapshot}_{family.name}_text_document"
     d = ctx.workdir(f"{family.name}-megatron-")
     prefix, docs_file = d / name, d / f"{name}.documents.parquet"
-    with ParquetStream(docs_file, pa.schema([("doc_key", pa.string()), ("text", pa.large_string())])) as docs_out:
-        written = megatron_export.document_level(refs, drops, order, s, tok, info, d, prefix, docs_out)
+    with ParquetStream(docs_file, pa.schema([("doc_key", pa.string()), ("text", pa.large_string())]),
+                       whole_row_groups=True, release_each_write=False) as docs_out:  # one row group's buffers, reused
+        written = megatron_export.document_level(refs, drops, order, s, tok, info, d, prefix, docs_out,
+                                                 batch_docs=megatron_export.EXPORT_BATCH_DOCS)
+    release_memory()
     tok_file = d / "tokenizer.json"
     tok_file.write_bytes(ctx.input("tokenizer").read_bytes())
     verify.write_sidecar(prefix, vocab_size=info["vocab_size"], tokenizer_path=tok_file, tokenizer_sha256=info["sha256"],

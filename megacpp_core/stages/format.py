@@ -11,13 +11,15 @@ scratch space (fail closed), then committed; the gate verifies the committed cop
 
 ``settings.megatron_export``: ``"document"`` (default) writes one sequence per document
 exactly as it enters the rows (after FIM), each ``tokenized`` shard as whole arrays
-appended to the pair in one write (memory is one shard; the raw writer, byte-identical to
-megatron-core's ``IndexedDatasetBuilder``; see :func:`megacpp_core.megatron_export.document_level`) —
+appended to the pair in one write (memory is two shards, the one read and the one a writer
+thread appends; the raw writer, byte-identical to megatron-core's
+``IndexedDatasetBuilder``; see :func:`megacpp_core.megatron_export.document_level`) —
 the same sequences whatever the number of shards, in an order that follows the shards;
 ``"row"`` writes every packed row (all L tokens, train then validation) as one sequence,
 for ``GPTDataset`` with ``sequence_length = L`` and ``add_extra_token_to_sequence=False``.
 The verify gate decodes document zero with the stage's own tokenizer when the committed
-``tokenizer.json`` has its sha256 (:func:`megacpp_checks.verify.verify_megatron`).
+``tokenizer.json`` has its sha256 (:func:`megacpp_checks.verify.verify_megatron`); the
+stage copies the tokenizer bytes it hashed (:func:`megacpp_core.snapshot_tokenizer.load_with_bytes`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from megacpp_checks import verify
 
 from .. import catalog, megatron, megatron_export, pack, pack_inputs, snapshot_tokenizer
 from ..stage import Files, Partitioning, Result, Stage, StageError
-from ..tables import ParquetStream, sha256_file
+from ..tables import ParquetStream, release_memory, sha256_file
 
 EXPORT_LEVELS = ("document", "row")
 SETTINGS = ("megatron_export", "row_length", "fim_rate", "fim_spm_share", "fim_seed", "fim_doc_comment_policy")
@@ -43,10 +45,12 @@ def prefix_name(snapshot: str) -> str:
 
 def _document_level(ctx, tok, info: dict, d, prefix, docs_out: ParquetStream) -> dict:
     """The document-level export of every ``tokenized`` shard but the chunk drops
-    (:func:`megacpp_core.megatron_export.document_level`)."""
+    (:func:`megacpp_core.megatron_export.document_level`); each shard must name the
+    snapshot tokenizer (checked on the file it is read from:
+    :class:`~megacpp_core.pack.TokenizerMismatchError`)."""
     order = {s.name: i for i, s in enumerate(ctx.sources)}
-    return megatron_export.document_level(pack_inputs.tokenized_shards(ctx, info["sha256"]), pack_inputs.chunk_drops(ctx),
-                                          order, ctx.settings, tok, info, d, prefix, docs_out)
+    return megatron_export.document_level(ctx.inputs("tokenized"), pack_inputs.chunk_drops(ctx), order, ctx.settings,
+                                          tok, info, d, prefix, docs_out, check_tokenizer=True)
 
 
 def _row_level(tok, info: dict, packed, sentinel: dict, d, prefix, docs_out: ParquetStream) -> dict:
@@ -70,7 +74,7 @@ def _row_level(tok, info: dict, packed, sentinel: dict, d, prefix, docs_out: Par
 
 
 def compute(ctx) -> Result:
-    tok, info = snapshot_tokenizer.load(ctx)
+    tok, info, tok_bytes = snapshot_tokenizer.load_with_bytes(ctx)  # the bytes it hashed, copied below
     level = ctx.settings.megatron_export
     if level not in EXPORT_LEVELS:
         raise StageError(f"settings.megatron_export {level!r} not in {EXPORT_LEVELS}")
@@ -82,13 +86,14 @@ def compute(ctx) -> Result:
     prefix = d / name
     docs_file = d / f"{name}.documents.parquet"
     docs_schema = pa.schema([("doc_key", pa.string()), ("text", pa.large_string())])
-    with ParquetStream(docs_file, docs_schema) as docs_out:
+    with ParquetStream(docs_file, docs_schema, release_each_write=False) as docs_out:  # one shard's buffers, reused
         if level == "document":
             written = _document_level(ctx, tok, info, d, prefix, docs_out)
         else:
             written = _row_level(tok, info, packed, sentinel, d, prefix, docs_out)
+    release_memory()
     tok_file = d / "tokenizer.json"
-    tok_file.write_bytes(ctx.input("tokenizer").read_bytes())
+    tok_file.write_bytes(tok_bytes)
     verify.write_sidecar(prefix, vocab_size=info["vocab_size"], tokenizer_path=tok_file, tokenizer_sha256=info["sha256"],
                          documents_path=docs_file, extra={"export_level": level, "row_length": ctx.settings.row_length,
                                                           "bin_sha256": written["bin_sha256"],
