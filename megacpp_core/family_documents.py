@@ -57,6 +57,12 @@ P2_OPTIONAL = (*pack.PLANES, "chunk_boundaries", *pack.EDGE_COLUMNS)
 READ_COLUMNS = BASE_COLUMNS + ["n_chunks", *P2_OPTIONAL]
 #: Parquet key-value metadata naming the tokenizer the ids were made with (as on ``tokenized``).
 TOKENIZER_KEY = b"megacpp.tokenizer_sha256"
+#: Rows per row group of the per-revision documents files (``p3_repo``, ``p4_structure``):
+#: 64 documents of at most 65,536 tokens are at most 4 Mi tokens, so a reader that wants a
+#: few documents (a packing group) decodes a few row groups, not the revision. These are
+#: intermediate documents, not packed shards (SPEC §6's 1,024-row row groups are the
+#: packed rows').
+DOCUMENT_ROW_GROUP = 64
 #: Separator between a document's key and a piece number (``lz4-4.4.5/lib/lz4.c#0~001``).
 PIECE_SEP = "~"
 

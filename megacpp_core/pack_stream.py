@@ -15,12 +15,12 @@ packing group at a time.
 3. **Files from the plan.** The row count of every group is known from its lengths, so the
    train/validation split (the last ``ceil(validation_fraction × rows)`` rows) and the
    file cuts (``max_docs_per_shard``) are fixed before any row is built.
-4. **Rows, group by group.** A group reads only its documents from the shards (a
-   ``doc_key`` filter applied row group by row group), applies FIM, builds its rows with
-   :func:`megacpp_core.pack.build_rows` (the same best-fit decreasing as the plan), checks
-   the row contract and appends them to the open files in 1,024-row row groups (rows short of a row group wait
-   on local disk). Memory is one group (``pack_group_tokens``) or one row group, not the
-   snapshot.
+4. **Rows, group by group.** A group reads only its documents from the shards, by row
+   number, decoding only the row groups that hold them (:func:`read_rows`); applies FIM,
+   builds its rows with :func:`megacpp_core.pack.build_rows` (the same best-fit
+   decreasing as the plan), checks the row contract and appends them to the open files in
+   1,024-row row groups (rows short of a row group wait on local disk). Memory is one
+   group (``pack_group_tokens``) or one row group, not the snapshot.
 
 With one group (any snapshot under ``pack_group_tokens``) the files are byte-identical to
 packing the whole table at once.
@@ -73,8 +73,8 @@ def fim_length(doc_key: str, n: int, cfg: fim.FimConfig, row_length: int) -> int
 class PackPlan:
     """The packing plan of a snapshot, from lengths only.
 
-    ``docs``: ``doc_key``, ``ref`` (index of its tokenized shard), ``length`` (int64,
-    after FIM) in keep order; ``groups``: ``[start, end)`` document ranges; ``group_rows``:
+    ``docs``: ``doc_key``, ``ref`` (index of its tokenized shard), ``row`` (its row in
+    that shard, int64), ``length`` (int64, after FIM) in keep order; ``groups``: ``[start, end)`` document ranges; ``group_rows``:
     rows per group; ``files``: ``{"file", "split", "start", "end", "docs"}`` global row
     ranges; ``validation_rows``; ``rows``.
     """
@@ -95,6 +95,7 @@ def plan(refs: list, source_order: dict[str, int], drops: pa.Array, settings, *,
     parts = []
     for i, ref in enumerate(refs):
         t = ref.read(columns=SUMMARY_COLUMNS)
+        t = t.append_column("row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
         if len(drops) and t.num_rows:
             t = t.filter(pc.invert(pc.is_in(t.column("doc_key"), value_set=drops)))
         parts.append(t.append_column("ref", pa.array(np.full(t.num_rows, i, dtype=np.int32))))
@@ -119,6 +120,7 @@ def plan(refs: list, source_order: dict[str, int], drops: pa.Array, settings, *,
         row_docs.extend(len(r) for r in rows)
     docs = pa.table({"doc_key": pa.array(keys, pa.string()),
                      "ref": summary.column("ref") if summary is not None else pa.array([], pa.int32()),
+                     "row": summary.column("row") if summary is not None else pa.array([], pa.int64()),
                      "length": pa.array(lengths)})
     n = len(row_docs)
     n_val = math.ceil(n * settings.validation_fraction) if n > 1 else 0
@@ -179,6 +181,26 @@ class _FileWriter:
             self.stream = None
 
 
+def read_rows(ref, rows: np.ndarray, columns: list[str]) -> pa.Table:
+    """The rows ``rows`` (int64 row numbers of the file) of a parquet input, in file
+    order: only the row groups that hold them are decoded (``ParquetFile.read_row_groups``),
+    so a packing group of a few documents of a large file reads a few row groups, not the
+    file. An input without ``parquet_file`` is read whole and taken from."""
+    rows = np.unique(rows)
+    if not hasattr(ref, "parquet_file"):
+        return ref.read(columns=columns).take(pa.array(rows))
+    with ref.parquet_file() as pf:
+        md = pf.metadata
+        starts = np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)])
+        groups = np.unique(np.searchsorted(starts, rows, side="right") - 1)
+        t = pf.read_row_groups(groups.tolist(), columns=columns, use_threads=False)
+    # row numbers within the concatenation of the row groups read
+    first = np.cumsum(np.concatenate([[0], starts[groups + 1] - starts[groups]]))[:-1]
+    local = rows - starts[groups][np.searchsorted(groups, np.searchsorted(starts, rows, side="right") - 1)]
+    local += first[np.searchsorted(groups, np.searchsorted(starts, rows, side="right") - 1)]
+    return t.take(pa.array(local))
+
+
 def write_rows(p: PackPlan, refs: list, source_order: dict[str, int], settings, tok, tokenizer_sha256: str,
                vocab_size: int, out_dir: Path, row_group_size: int = 1024) -> tuple[list[tuple[str, Path, dict]], dict, dict, list]:
     """Build and write the rows of plan ``p`` group by group into ``out_dir`` (local).
@@ -208,12 +230,12 @@ def _write_groups(p: PackPlan, refs: list, source_order: dict[str, int], setting
     optional: list = []
     offset = 0
     keys_all, ref_all = p.docs.column("doc_key"), p.docs.column("ref").to_numpy()
+    row_all = p.docs.column("row").to_numpy()
     for g, (a, b) in enumerate(p.groups):
         wanted = keys_all.slice(a, b - a)
         parts = []
         for r in np.unique(ref_all[a:b]).tolist():
-            mine = wanted.filter(pa.array(ref_all[a:b] == r)).combine_chunks()
-            parts.append(refs[r].read(columns=first, filters=pc.field("doc_key").isin(mine)))
+            parts.append(read_rows(refs[r], row_all[a:b][ref_all[a:b] == r], first))
         docs = pa.concat_tables(parts)
         del parts
         order = kept.document_order_indices(docs, source_order)  # walked in this order, not copied

@@ -16,7 +16,7 @@ the pieces are then built 64 at a time from the spill. The rows are written in s
 keep order (:func:`megacpp_core.kept.document_order`: license rank, path, then piece or
 chunk number), so the family step and the Megatron export read them as stored, a row
 group at a time, without re-sorting a revision. Memory: one shard, the per-file
-summaries, and one 1,024-row row group of the output (:class:`~megacpp_core.tables.ParquetStream`
+summaries, and one 64-document row group of the output (:class:`~megacpp_core.tables.ParquetStream`
 ``whole_row_groups``).
 """
 
@@ -94,7 +94,7 @@ def compute(ctx) -> Result:
     schema = pa.schema(list(family_documents.BASE_SCHEMA) + [repo_documents.DOCUMENTS_SCHEMA.field(c)
                                                               for c in ("paths", "offsets", "n_files")])
     tokens = 0
-    with ParquetStream(out_path, schema, whole_row_groups=True) as out:
+    with ParquetStream(out_path, schema, family_documents.DOCUMENT_ROW_GROUP, whole_row_groups=True) as out:
         at = 0
         while at < len(keys):
             end = at

@@ -12,7 +12,8 @@ here whatever ``settings.enrichment`` says: it is what this family is. Streamed:
 ``p3_repo_documents`` are read 64 at a time in their stored (keep) order and written as
 they are built (:class:`~megacpp_core.structure_documents.StructureBuilder`); an oversized
 file's text is read back from its shard when its first fallback chunk comes. Memory: the
-per-file languages and piece numbers, one batch, one 1,024-row output row group.
+per-file languages and piece numbers, one batch, one 64-document output row group
+(:data:`~megacpp_core.family_documents.DOCUMENT_ROW_GROUP`).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def compute(ctx) -> Result:
         raise StageError(f"structure_documents: {repo_documents.FILE_SEP} is id {sep}, expected its fixed id {FILE_SEP_ID}")
     builder = sd.StructureBuilder(languages, _fallback_loader(shards), _lane(ctx), table_bytes, lengths, sep)
     out_path = ctx.workdir("p4-") / "p4_structure_documents.parquet"
-    with ParquetStream(out_path, _schema(ref), whole_row_groups=True) as out:
+    with ParquetStream(out_path, _schema(ref), family_documents.DOCUMENT_ROW_GROUP, whole_row_groups=True) as out:
         for batch in ref.iter_batches(batch_size=sd.BATCH_DOCS):
             t = builder.add(pa.Table.from_batches([batch]))
             out.write(t)
