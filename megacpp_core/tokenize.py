@@ -37,14 +37,17 @@ def check_tokenizer(tok, info: dict, vocab_size: int | None = None, pinned_sha25
     tk.check_tokenizer_identity(info, sha256=upstream_sha256, where="chunked documents")
 
 
-def tokenize_documents(documents: pa.Table, tok, vocab_size: int, batch: int = 4096) -> tuple[pa.Table, dict]:
+def tokenize_documents(documents: pa.Table, tok, vocab_size: int, batch: int = 256) -> tuple[pa.Table, dict]:
     """Tokenize every document; return ``(table, figures)``.
 
     ``table`` = ``documents`` plus ``input_ids`` (list<uint32>) and ``n_tokens`` (int32).
     Raises :class:`TokenizeError` naming the first document whose ids reach the vocab
     size or whose decode differs from its text, ``ValueError`` if ``tok`` would match
     special tokens in text (load it with ``tokenizer.load_tokenizer``). Encoding and the
-    round-trip decode run ``batch`` documents at a time in ``tokenizers``' thread pool.
+    round-trip decode run ``batch`` documents at a time in ``tokenizers``' thread pool;
+    only the ids outlive a batch (a ``tokenizers`` ``Encoding`` holds its tokens, offsets
+    and masks too: the 3,359 documents of xl's largest shard, 9.0 M tokens, in one call
+    held about 1 GB of them).
     """
     tk._require_literal_specials(tok)
     keys = documents.column("doc_key").to_pylist()
@@ -223,6 +226,12 @@ def token_enriched_columns() -> pa.Schema:
                       ("chunk_boundaries", pack.OPTIONAL_TYPES["chunk_boundaries"])])
 
 
+#: Documents whose character planes :func:`align_enrichment` turns into Python objects at
+#: once. Implementation choice: the whole largest xl shard (qemu 7.2, 9.0 M tokens, 64 MiB
+#: of text) as one batch peaked at 1,957 MiB, its per-character plane lists most of it.
+ALIGN_BATCH_DOCS = 64
+
+
 def align_enrichment(table: pa.Table, tok, tokenizer_sha256: str) -> tuple[pa.Table, dict]:
     """Replace the chunk stage's character-level columns of tokenized documents by
     token-aligned ones (:func:`align_document`): ``token_char_start/end``, the five planes,
@@ -238,7 +247,6 @@ def align_enrichment(table: pa.Table, tok, tokenizer_sha256: str) -> tuple[pa.Ta
 
     columns = token_enriched_columns()
     table_bytes, lengths = byte_table(tok, tokenizer_sha256)
-    d = table.select(["doc_key", "text", "char_chunk_boundaries", "call_edges", "type_edges", *CHAR_PLANES]).to_pydict()
     ids_col = table.column("input_ids").combine_chunks()
     offsets = ids_col.offsets.to_numpy()
     flat = ids_col.values.to_numpy(zero_copy_only=False)
@@ -246,20 +254,25 @@ def align_enrichment(table: pa.Table, tok, tokenizer_sha256: str) -> tuple[pa.Ta
     new["call_edges"], new["type_edges"] = [], []
     counts = np.zeros(len(StructureCategory), dtype=np.int64)
     dropped = 0
-    for i, key in enumerate(d["doc_key"]):
-        ids = flat[offsets[i]:offsets[i + 1]]
-        spans = token_char_spans(d["text"][i], ids, table_bytes, lengths, key)
-        al = align_document(d["text"][i], ids, spans, {c: d[c][i] for c in CHAR_PLANES},
-                            d["char_chunk_boundaries"][i], d["call_edges"][i], d["type_edges"][i], key)
-        new["token_char_start"].append(spans[0])
-        new["token_char_end"].append(spans[1])
-        for p in pack.PLANES:
-            new[p].append(al[p])
-        new["chunk_boundaries"].append(al["chunk_boundaries"])
-        new["call_edges"].append(al["call_edges"])
-        new["type_edges"].append(al["type_edges"])
-        dropped += len(d["char_chunk_boundaries"][i]) - len(al["chunk_boundaries"])
-        counts += np.bincount(al["structure_ids"][1:], minlength=len(counts))[:len(counts)]
+    wanted = ["doc_key", "text", "char_chunk_boundaries", "call_edges", "type_edges", *CHAR_PLANES]
+    for lo in range(0, table.num_rows, ALIGN_BATCH_DOCS):  # Python objects for one batch at a time
+        d = table.slice(lo, ALIGN_BATCH_DOCS).select(wanted).to_pydict()
+        for j, key in enumerate(d["doc_key"]):
+            i = lo + j
+            ids = flat[offsets[i]:offsets[i + 1]]
+            spans = token_char_spans(d["text"][j], ids, table_bytes, lengths, key)
+            al = align_document(d["text"][j], ids, spans, {c: d[c][j] for c in CHAR_PLANES},
+                                d["char_chunk_boundaries"][j], d["call_edges"][j], d["type_edges"][j], key)
+            new["token_char_start"].append(spans[0])
+            new["token_char_end"].append(spans[1])
+            for p in pack.PLANES:
+                new[p].append(al[p])
+            new["chunk_boundaries"].append(al["chunk_boundaries"])
+            new["call_edges"].append(al["call_edges"])
+            new["type_edges"].append(al["type_edges"])
+            dropped += len(d["char_chunk_boundaries"][j]) - len(al["chunk_boundaries"])
+            counts += np.bincount(al["structure_ids"][1:], minlength=len(counts))[:len(counts)]
+        del d
     table = table.drop_columns(["char_chunk_boundaries", "call_edges", "type_edges", *CHAR_PLANES])
     for f in columns:
         vals = new[f.name]
