@@ -153,6 +153,23 @@ def _serve(env: dict, workspace: Path, log_path: Path):
         log.close()
 
 
+def _hover_until(page, target, shown, attempts: int = 3, timeout_ms: int = 10_000) -> None:
+    """Hover ``target`` until ``shown`` is visible: the popover opens on a mouse-enter
+    that a page still settling can miss, so the mouse leaves and enters again, up to
+    ``attempts`` times; the last failure is raised."""
+    from playwright.sync_api import expect
+
+    for attempt in range(attempts):
+        target.hover()
+        try:
+            expect(shown).to_be_visible(timeout=timeout_ms)
+            return
+        except AssertionError:
+            if attempt == attempts - 1:
+                raise
+            page.mouse.move(0, 0)
+
+
 def test_a_new_code_version_shows_unsynced_until_rerun(bumped_webserver, fresh_tiny):
     from playwright.sync_api import expect, sync_playwright
 
@@ -167,8 +184,7 @@ def test_a_new_code_version_shows_unsynced_until_rerun(bumped_webserver, fresh_t
         page.goto(partition_page, wait_until="networkidle")
         _dismiss_welcome(page)
         expect(page.get_by_text("Unsynced").first).to_be_visible()
-        page.get_by_text("Unsynced").first.hover()
-        expect(page.get_by_text("Code version").first).to_be_visible()
+        _hover_until(page, page.get_by_text("Unsynced").first, page.get_by_text("Code version").first)
         page.screenshot(path=str(ARTIFACTS / "ui-unsynced.png"))
         # the asset that did not change is not unsynced
         page.goto(f"{bumped_webserver}/assets/source_files?view=partitions&partition=tiny%2Flz4-4.4.5", wait_until="networkidle")
