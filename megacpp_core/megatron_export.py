@@ -243,6 +243,17 @@ def fim_texts(texts: pa.Array, ids: np.ndarray, lengths: np.ndarray, mode: np.nd
     return out
 
 
+def _check_file_tokenizer(pf, tokenizer_sha256: str | None, ref) -> None:
+    """With ``tokenizer_sha256``, the open parquet file's ``megacpp.tokenizer_sha256``
+    metadata must name it (:func:`megacpp_core.pack.check_tokenizer`:
+    ``TokenizerMismatchError`` naming ``ref``)."""
+    if tokenizer_sha256 is None:
+        return
+    recorded = (pf.schema_arrow.metadata or {}).get(b"megacpp.tokenizer_sha256")
+    pack.check_tokenizer({"tokenizer_sha256": recorded.decode() if recorded is not None else None},
+                         tokenizer_sha256, None, getattr(ref, "uri", str(ref)))
+
+
 def read_shard(ref, source_order: dict[str, int], drops: pa.Array, tokenizer_sha256: str | None = None) -> pa.Table:
     """One document shard's :data:`COLUMNS` and order columns but the ``doc_key`` values in
     ``drops``, in :func:`megacpp_core.kept.document_order` — as
@@ -253,11 +264,7 @@ def read_shard(ref, source_order: dict[str, int], drops: pa.Array, tokenizer_sha
     cols = list(dict.fromkeys(COLUMNS + kept.DOCUMENT_ORDER_COLUMNS))
     if hasattr(ref, "parquet_file"):
         with ref.parquet_file() as pf:
-            if tokenizer_sha256 is not None:
-                md = pf.schema_arrow.metadata or {}
-                recorded = md.get(b"megacpp.tokenizer_sha256")
-                pack.check_tokenizer({"tokenizer_sha256": recorded.decode() if recorded is not None else None},
-                                     tokenizer_sha256, None, getattr(ref, "uri", str(ref)))
+            _check_file_tokenizer(pf, tokenizer_sha256, ref)
             t = pf.read(columns=cols)
     else:  # a reader with ``read`` alone
         t = ref.read(columns=cols)
@@ -286,29 +293,23 @@ def iter_shard(ref, source_order: dict[str, int], drops: pa.Array, tokenizer_sha
         return
     cols = list(dict.fromkeys(COLUMNS + kept.DOCUMENT_ORDER_COLUMNS))
     with ref.parquet_file() as pf:
-        if pf.metadata.num_rows <= batch_docs:
-            in_order = False
-        else:
+        in_order = False
+        if pf.metadata.num_rows > batch_docs:
             keys = pf.read(columns=list(dict.fromkeys(["doc_key"] + kept.DOCUMENT_ORDER_COLUMNS)))
             if drops is not None and len(drops):
                 keys = keys.filter(pc.invert(pc.is_in(keys.column("doc_key"), value_set=drops)))
             in_order = kept.document_order_indices(keys, source_order) is None
             del keys
-    if not in_order:
-        yield read_shard(ref, source_order, drops, tokenizer_sha256)
-        return
-    with ref.parquet_file() as pf:
-        if tokenizer_sha256 is not None:
-            md = pf.schema_arrow.metadata or {}
-            recorded = md.get(b"megacpp.tokenizer_sha256")
-            pack.check_tokenizer({"tokenizer_sha256": recorded.decode() if recorded is not None else None},
-                                 tokenizer_sha256, None, getattr(ref, "uri", str(ref)))
-        for batch in pf.iter_batches(batch_size=batch_docs, columns=cols, use_threads=False):
-            t = pa.Table.from_batches([batch])
-            if drops is not None and len(drops):
-                t = t.filter(pc.invert(pc.is_in(t.column("doc_key"), value_set=drops)))
-            if t.num_rows:
-                yield t
+        if in_order:
+            _check_file_tokenizer(pf, tokenizer_sha256, ref)
+            for batch in pf.iter_batches(batch_size=batch_docs, columns=cols, use_threads=False):
+                t = pa.Table.from_batches([batch])
+                if drops is not None and len(drops):
+                    t = t.filter(pc.invert(pc.is_in(t.column("doc_key"), value_set=drops)))
+                if t.num_rows:
+                    yield t
+            return
+    yield read_shard(ref, source_order, drops, tokenizer_sha256)
 
 
 def shard_documents(docs: pa.Table, settings, tok, tokenizer_sha256: str | None, vocab_size: int
