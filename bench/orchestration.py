@@ -78,7 +78,8 @@ GOAL = 0.10
 class Step:
     """One executed step: ``start``/``end`` (``STEP_START`` → ``STEP_SUCCESS``/``STEP_FAILURE``),
     our compute's ``wall_seconds`` (None when not reported) and ``compute_end``, the time
-    the op returned (None: ``end``)."""
+    the op returned (None: ``end``); ``parts``, for a step materializing several assets,
+    each one's ``(materialization time, wall_seconds)`` (empty: one compute interval)."""
 
     step: str
     start: float
@@ -89,6 +90,7 @@ class Step:
     job: str = ""
     partition: str = ""
     ok: bool = True
+    parts: tuple[tuple[float, float], ...] = ()
 
     @property
     def duration(self) -> float:
@@ -105,9 +107,19 @@ class Step:
         step without ``wall_seconds``)."""
         if self.wall_seconds is None:
             return self.start, self.end
-        hi = min(self.end, self.compute_end if self.compute_end is not None else self.end)
-        hi = max(hi, self.start)
-        return max(self.start, hi - self.wall_seconds), hi
+        return self._clip(self.compute_end, self.wall_seconds)
+
+    def _clip(self, end: float | None, wall: float) -> tuple[float, float]:
+        hi = max(min(self.end, end if end is not None else self.end), self.start)
+        return max(self.start, hi - wall), hi
+
+    def compute_intervals(self) -> list[tuple[float, float]]:
+        """One compute interval per asset the step materialized (``parts``: ``(time of its
+        materialization, its wall_seconds)``; a step shared by several stages computes them
+        one after another), else :meth:`compute_interval`."""
+        if not self.parts:
+            return [self.compute_interval()]
+        return [self._clip(t, w) for t, w in self.parts]
 
 
 @dataclass
@@ -170,7 +182,7 @@ def figures(steps: Sequence, span: tuple[float, float] | None = None,
         span = (min(a for a, _ in ends), max(b for _, b in ends)) if ends else (0.0, 0.0)
     s = span[1] - span[0]
     u = union_length(intervals)
-    c = union_length(s_.compute_interval() for s_ in steps)
+    c = union_length(iv for s_ in steps for iv in s_.compute_intervals())
     gaps = s - u
     with_wall = [x for x in steps if x.wall_seconds is not None]
     sum_overhead = sum(x.overhead for x in with_wall)
@@ -234,7 +246,7 @@ def load_steps(instance, run: Run) -> None:
     if that is earlier than the record's creation time."""
     from dagster import DagsterEventType as T
 
-    start, end, wall, returned, failed = {}, {}, {}, {}, set()
+    start, end, wall, returned, failed, parts = {}, {}, {}, {}, set(), {}
     first = None
     for e in instance.all_logs(run.run_id):
         first = e.timestamp if first is None else min(first, e.timestamp)
@@ -255,10 +267,11 @@ def load_steps(instance, run: Run) -> None:
                 v = getattr(v, "value", v)
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     wall[k] = wall.get(k, 0.0) + float(v)
+                    parts.setdefault(k, []).append((e.timestamp, float(v)))
     if first is not None:
         run.start = min(run.start, first)
     run.steps = [Step(k, start[k], end[k], wall.get(k), returned.get(k), run.run_id, run.job, run.partition,
-                      k not in failed)
+                      k not in failed, tuple(parts[k]) if len(parts.get(k, ())) > 1 else ())
                  for k in sorted(start, key=start.get) if k in end]
 
 

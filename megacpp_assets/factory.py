@@ -30,7 +30,9 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetRecordsFilter,
+    AssetSpec,
     BetaWarning,
+    DagsterEventType,
     DataVersion,
     DynamicPartitionsDefinition,
     MaterializeResult,
@@ -38,6 +40,7 @@ from dagster import (
     MultiPartitionsDefinition,
     MultiToSingleDimensionPartitionMapping,
     asset,
+    multi_asset,
 )
 
 from megacpp_assets import profiles
@@ -120,27 +123,89 @@ def register_shards(instance, root, snapshot: str, source: str) -> list[str]:
     return keys
 
 
+class LatestMaterializations:
+    """The latest materialization of each (asset, partition) of one Dagster instance, read in
+    bulk and kept for a whole ``megacpp run``.
+
+    Per asset, one query gives the latest storage id of every partition
+    (``get_latest_storage_id_by_partition``); later reads ask only for ids after the last
+    one seen. The materialization records themselves never change, so each is fetched once,
+    with every record a call still lacks in one ``fetch_materializations`` by storage id.
+    Freshness planning of one partition asks for about a dozen (asset, partition) pairs and
+    a snapshot step for every revision of each upstream asset; one query per pair cost
+    ~8 ms each (SQLite), most of a no-op run's time. ``kept``: the index serves many plans
+    (``megacpp run`` keeps one per process, and a partition read once is read again by the
+    plans of its siblings); :meth:`refresh` before each plan picks up what runs since the
+    last one materialized. An asset wiped while a run is
+    going on is not noticed until the next ``megacpp run``."""
+
+    def __init__(self, instance, kept: bool = False):
+        self.instance, self.kept = instance, kept
+        self._ids: dict[str, dict[str, int]] = {}
+        self._cursor: dict[str, int] = {}
+        self._current: set[str] = set()
+        self._records: dict[int, Any] = {}
+
+    def refresh(self) -> None:
+        """Read newer storage ids again on the next use of each asset."""
+        self._current.clear()
+
+    def _partition_ids(self, asset: str) -> dict[str, int]:
+        ids = self._ids.setdefault(asset, {})
+        if asset not in self._current:
+            new = self.instance.get_latest_storage_id_by_partition(
+                AssetKey(asset), DagsterEventType.ASSET_MATERIALIZATION, after_cursor=self._cursor.get(asset))
+            for p, i in new.items():
+                ids[p] = max(i, ids.get(p, -1))
+            if new:
+                self._cursor[asset] = max(self._cursor.get(asset, -1), *new.values())
+            self._current.add(asset)
+        return ids
+
+    def get_many(self, asset: str, partitions: list[str]) -> dict[str, Any]:
+        """``{partition: its latest AssetMaterialization or None}``. An index used once
+        (not ``kept``) reads a lone partition with one direct query instead."""
+        if len(partitions) == 1 and not self.kept:
+            recs = self.instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=partitions), limit=1).records
+            return {partitions[0]: recs[0].asset_materialization if recs else None}
+        ids = self._partition_ids(asset)
+        want = sorted({ids[p] for p in partitions if p in ids and ids[p] not in self._records})
+        if want:
+            recs = self.instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=AssetKey(asset), storage_ids=want), limit=len(want)).records
+            self._records.update((r.storage_id, r.asset_materialization) for r in recs)
+        return {p: self._records.get(ids[p]) if p in ids else None for p in partitions}
+
+    def get(self, asset: str, partition: str):
+        """The latest AssetMaterialization of ``asset`` at ``partition``, or None."""
+        return self.get_many(asset, [partition])[partition]
+
+
 def current_data_version(instance, asset: str, partition: str) -> str | None:
     """The data version of the latest materialization of ``asset`` at ``partition``."""
-    recs = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[partition]), limit=1).records
-    if not recs:
-        return None
-    mat = recs[0].asset_materialization
+    return _data_version(LatestMaterializations(instance).get(asset, partition))
+
+
+def _data_version(mat) -> str | None:
     return (mat.tags or {}).get("dagster/data_version") if mat else None
 
 
 def inputs_fingerprint(instance, stage: Stage, partition_key: str, sources: list[str],
-                       producers: dict[str, Stage], root=None, enabled: bool = True) -> str:
+                       producers: dict[str, Stage], root=None, enabled: bool = True,
+                       latest: LatestMaterializations | None = None) -> str:
     """Hex sha256 (16 chars) over the current data versions of every upstream partition
     ``stage``'s partition reads (restricted to its snapshot); ``"off"`` for a stage its
-    ``enabled`` setting switches off, which reads nothing."""
+    ``enabled`` setting switches off, which reads nothing. ``latest``: the index to read
+    them from (default a new one on ``instance``)."""
     if not enabled:
         return "off"
+    latest = latest or LatestMaterializations(instance)
     lines = []
     for up in _upstream_stages(stage, producers):
-        for p in upstream_partitions(stage, up, partition_key, sources, root):
-            lines.append(f"{up.asset}@{p}={current_data_version(instance, up.asset, p)}")
+        parts = upstream_partitions(stage, up, partition_key, sources, root)
+        mats = latest.get_many(up.asset, parts)
+        lines.extend(f"{up.asset}@{p}={_data_version(mats[p])}" for p in parts)
     return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:16]
 
 
@@ -159,11 +224,12 @@ def to_result(stage: Stage, res: StageResult, root, extra_tags: dict[str, str] |
     md["settings_fingerprint"] = MetadataValue.text(res.settings_fingerprint)
     if stage.plots is not None and res.ok:
         md["plots"] = MetadataValue.md(plots.markdown_images(stage.plots(res.figures)))
-    checks = [AssetCheckResult(check_name=c, passed=bool(res.checks.get(c, (False, "not evaluated"))[0]),
+    checks = [AssetCheckResult(asset_key=stage.asset, check_name=c, passed=bool(res.checks.get(c, (False, "not evaluated"))[0]),
                                metadata={"detail": str(res.checks.get(c, (False, "not evaluated"))[1])})
               for c in stage.check_names]
     tags = {SETTINGS_TAG: res.settings_fingerprint, GATES_TAG: "passed" if res.ok else "failed", **(extra_tags or {})}
-    return MaterializeResult(metadata=md, check_results=checks, data_version=DataVersion(res.data_version), tags=tags)
+    return MaterializeResult(asset_key=stage.asset, metadata=md, check_results=checks,
+                             data_version=DataVersion(res.data_version), tags=tags)
 
 
 def partition_mapping(up: Partitioning, down: Partitioning):
@@ -185,48 +251,102 @@ def partition_mapping(up: Partitioning, down: Partitioning):
         return MultiToSingleDimensionPartitionMapping(partition_dimension_name="revision")
 
 
-def stage_asset(stage: Stage, producers: dict[str, Stage]):
-    """The asset (with its blocking checks) of one declared stage."""
+def _asset_deps(stage: Stage, producers: dict[str, Stage]) -> list[AssetDep]:
     deps, seen = [], set()
     for up in _upstream_stages(stage, producers):
         if up.asset in seen:
             continue
         seen.add(up.asset)
         deps.append(AssetDep(up.asset, partition_mapping=partition_mapping(up.partitioning, stage.partitioning)))
+    return deps
+
+
+def _check_specs(stage: Stage) -> list[AssetCheckSpec]:
     gate_docs = {g.__name__: (g.__doc__ or "").strip() for g in stage.gates}
     schema_docs = {d.schema_check: f"pandera schema of {d.name}: {d.description}" for d in stage.outputs if d.schema_check}
-    specs = [AssetCheckSpec(c, asset=stage.asset, blocking=True, description=gate_docs.get(c) or schema_docs.get(c))
-             for c in stage.check_names]
+    return [AssetCheckSpec(c, asset=stage.asset, blocking=True, description=gate_docs.get(c) or schema_docs.get(c))
+            for c in stage.check_names]
+
+
+def _asset_metadata(stage: Stage) -> dict:
+    return {"stage": stage.name, "inputs": [d.name for d in stage.inputs], "outputs": [d.name for d in stage.outputs],
+            "settings": list(stage.settings)}
+
+
+def _materialize(context: AssetExecutionContext, stage: Stage, producers: dict[str, Stage]) -> tuple[MaterializeResult, bool]:
+    """Run ``stage`` on the context's partition: ``(its MaterializeResult, whether its gates
+    passed)``. The body of every generated asset, alone or in a group."""
+    root, manifest, partition = context.resources.data_root.resolve(context.partition_key, stage.partitioning)
+    tools = {name: getattr(context.resources, name).tool() for name in stage.tools}
+    sources = [s.name for s in manifest.sources]
+    enabled = stage.enabled is None or bool(getattr(manifest.settings, stage.enabled))
+    inputs = inputs_fingerprint(context.instance, stage, partition.key, sources, producers, root, enabled)
+    res = run_stage(stage, root, manifest, partition, tools=tools, log_fn=context.log.info)
+    if any(d.scope is Partitioning.REVISION_SHARD for d in stage.outputs) and partition.shard is None:
+        keys = register_shards(context.instance, root, partition.snapshot, partition.source)
+        context.log.info(f"{stage.asset} {partition.key}: {len(keys)} shard(s) {', '.join(keys)}")
+    context.log.info(f"{stage.asset} {context.partition_key}: data version {res.data_version[:12]}, "
+                     f"gates {'passed' if res.ok else 'FAILED'}")
+    return to_result(stage, res, root, {INPUTS_TAG: inputs}), res.ok
+
+
+def stage_asset(stage: Stage, producers: dict[str, Stage]):
+    """The asset (with its blocking checks) of one declared stage that has a step of its own."""
     heavy = dict(op_tags=profiles.HEAVY_STEP_TAGS[stage.heavy], pool=profiles.POOLS[stage.heavy]) if stage.heavy else {}
-    resources = {"data_root", *stage.tools}
 
     @asset(name=stage.asset, partitions_def=PARTITIONS[stage.partitioning], group_name=GROUPS[stage.partitioning],
-           deps=deps, check_specs=specs, code_version=stage.code_version, kinds=set(stage.kinds),
-           description=stage.description, required_resource_keys=resources,
-           metadata={"stage": stage.name, "inputs": [d.name for d in stage.inputs],
-                     "outputs": [d.name for d in stage.outputs], "settings": list(stage.settings)},
-           **heavy)
+           deps=_asset_deps(stage, producers), check_specs=_check_specs(stage), code_version=stage.code_version,
+           kinds=set(stage.kinds), description=stage.description, required_resource_keys={"data_root", *stage.tools},
+           metadata=_asset_metadata(stage), **heavy)
     def _asset(context: AssetExecutionContext) -> MaterializeResult:
-        root, manifest, partition = context.resources.data_root.resolve(context.partition_key, stage.partitioning)
-        tools = {name: getattr(context.resources, name).tool() for name in stage.tools}
-        sources = [s.name for s in manifest.sources]
-        enabled = stage.enabled is None or bool(getattr(manifest.settings, stage.enabled))
-        inputs = inputs_fingerprint(context.instance, stage, partition.key, sources, producers, root, enabled)
-        res = run_stage(stage, root, manifest, partition, tools=tools, log_fn=context.log.info)
-        if any(d.scope is Partitioning.REVISION_SHARD for d in stage.outputs) and partition.shard is None:
-            keys = register_shards(context.instance, root, partition.snapshot, partition.source)
-            context.log.info(f"{stage.asset} {partition.key}: {len(keys)} shard(s) {', '.join(keys)}")
-        context.log.info(f"{stage.asset} {context.partition_key}: data version {res.data_version[:12]}, "
-                         f"gates {'passed' if res.ok else 'FAILED'}")
-        return to_result(stage, res, root, {INPUTS_TAG: inputs})
+        return _materialize(context, stage, producers)[0]
 
     return _asset
 
 
+def group_step_name(group: tuple[Stage, ...]) -> str:
+    """The op (step) name of stages sharing one step: their stage names joined by ``__``
+    (``quality__license__scrub``)."""
+    return "__".join(s.name for s in group)
+
+
+def stage_group_asset(group: tuple[Stage, ...], producers: dict[str, Stage]):
+    """One step for several stages of one partitioning (:func:`megacpp_core.stages.step_groups`):
+    a subsettable ``multi_asset`` with one asset and its blocking checks per stage, so a run
+    can select any of them. The selected stages run in registry order on the step's
+    partition; when one's gates fail, its result (with the failed checks) is the step's
+    last: the stages after it do not run, and Dagster fails the step on the blocking check
+    as it does for a single asset. ``AssertionError`` for a group mixing partitionings or
+    holding a ``heavy`` stage (those keep their own pod)."""
+    assert len({s.partitioning for s in group}) == 1 and not any(s.heavy for s in group), group
+    specs = [AssetSpec(s.asset, deps=_asset_deps(s, producers), code_version=s.code_version, kinds=set(s.kinds),
+                       description=s.description, metadata=_asset_metadata(s), group_name=GROUPS[s.partitioning],
+                       skippable=True)
+             for s in group]
+
+    @multi_asset(name=group_step_name(group), specs=specs, check_specs=[c for s in group for c in _check_specs(s)],
+                 partitions_def=PARTITIONS[group[0].partitioning], can_subset=True,
+                 required_resource_keys={"data_root", *(t for s in group for t in s.tools)})
+    def _group(context: AssetExecutionContext):
+        selected = context.selected_asset_keys
+        for stage in group:
+            if AssetKey(stage.asset) not in selected:
+                continue
+            result, ok = _materialize(context, stage, producers)
+            yield result
+            if not ok:
+                return
+
+    return _group
+
+
 def build_assets(stages: tuple[Stage, ...] = stage_registry.STAGES) -> list:
-    """Every stage's asset, in registry order (see the module docstring)."""
+    """Every stage's asset, in registry order (see the module docstring): a stage with a
+    step of its own is an ``asset``; stages sharing a step
+    (:func:`megacpp_core.stages.step_groups`) are one ``multi_asset``."""
     producers = stage_registry.producers(stages)
-    return [stage_asset(s, producers) for s in stages]
+    return [stage_asset(g[0], producers) if len(g) == 1 else stage_group_asset(g, producers)
+            for g in stage_registry.step_groups(stages)]
 
 
 def dataset_card_asset(finals: list[Stage]):

@@ -24,9 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dagster import AssetKey, AssetRecordsFilter
-
-from megacpp_assets.factory import GATES_TAG, INPUTS_TAG, SETTINGS_TAG, inputs_fingerprint
+from megacpp_assets.factory import GATES_TAG, INPUTS_TAG, SETTINGS_TAG, LatestMaterializations, inputs_fingerprint
 from megacpp_core import stages as stage_registry
 from megacpp_core.manifest import Manifest
 from megacpp_core.runner import InputRef, revision_shards, settings_fingerprint
@@ -43,12 +41,6 @@ class Staleness:
     reason: str
 
 
-def _latest(instance, asset: str, partition: str):
-    recs = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[partition]), limit=1).records
-    return recs[0].asset_materialization if recs and recs[0].asset_materialization else None
-
-
 def _version_staleness(mat, code_version: str) -> str | None:
     """Rules 1 and 2 for any asset: never materialized, or another code version recorded."""
     if mat is None:
@@ -58,9 +50,11 @@ def _version_staleness(mat, code_version: str) -> str | None:
 
 
 def stage_staleness(instance, stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
-                    producers: dict[str, Stage]) -> str | None:
-    """Why ``stage``'s ``partition`` is out of date (module docstring), or None when current."""
-    mat = _latest(instance, stage.asset, partition.key)
+                    producers: dict[str, Stage], latest: LatestMaterializations | None = None) -> str | None:
+    """Why ``stage``'s ``partition`` is out of date (module docstring), or None when current.
+    ``latest``: the materialization index to read (default a new one on ``instance``)."""
+    latest = latest or LatestMaterializations(instance)
+    mat = latest.get(stage.asset, partition.key)
     if reason := _version_staleness(mat, stage.code_version):
         return reason
     tags = mat.tags or {}
@@ -70,7 +64,7 @@ def stage_staleness(instance, stage: Stage, root: DataRoot, manifest: Manifest, 
         return "a gate failed on the last materialization"
     sources = [s.name for s in manifest.sources]
     enabled = stage.enabled is None or bool(getattr(manifest.settings, stage.enabled))
-    if tags.get(INPUTS_TAG) != inputs_fingerprint(instance, stage, partition.key, sources, producers, root, enabled):
+    if tags.get(INPUTS_TAG) != inputs_fingerprint(instance, stage, partition.key, sources, producers, root, enabled, latest):
         return "upstream data changed"
     if enabled:
         for d in stage.outputs:
@@ -96,11 +90,17 @@ def stage_staleness(instance, stage: Stage, root: DataRoot, manifest: Manifest, 
 
 
 def plan(instance, stages: tuple[Stage, ...], root: DataRoot, manifest: Manifest, partition: Partition,
-         extra: dict[str, tuple[str, list[str], Callable[[], bool]]] | None = None) -> list[Staleness]:
+         extra: dict[str, tuple[str, list[str], Callable[[], bool]]] | None = None,
+         latest: LatestMaterializations | None = None) -> list[Staleness]:
     """The assets of ``stages`` with ``partition``'s partitioning to materialize for it: the
     out-of-date ones and everything downstream of them (registry order). ``extra``: assets
     outside the registry, ``{asset: (code_version, upstream assets, exists())}`` (the
-    dataset card)."""
+    dataset card). ``latest``: a materialization index kept across plans (``megacpp run``
+    keeps one per process); it is refreshed here, so runs since the last plan count."""
+    if latest is None:
+        latest = LatestMaterializations(instance)
+    else:
+        latest.refresh()
     producers = stage_registry.producers(stages)
     mine = [s for s in stages if s.partitioning is partition.partitioning]
     out: list[Staleness] = []
@@ -108,7 +108,7 @@ def plan(instance, stages: tuple[Stage, ...], root: DataRoot, manifest: Manifest
     for s in mine:
         ups = {producers[d.name].asset for d in s.inputs if producers[d.name].partitioning is s.partitioning}
         hit = sorted(ups & chosen)
-        reason = f"downstream of {', '.join(hit)}" if hit else stage_staleness(instance, s, root, manifest, partition, producers)
+        reason = f"downstream of {', '.join(hit)}" if hit else stage_staleness(instance, s, root, manifest, partition, producers, latest)
         if reason:
             chosen.add(s.asset)
             out.append(Staleness(s.asset, partition.key, reason))
@@ -117,7 +117,7 @@ def plan(instance, stages: tuple[Stage, ...], root: DataRoot, manifest: Manifest
         if hit:
             reason = f"downstream of {', '.join(hit)}"
         else:
-            reason = _version_staleness(_latest(instance, asset, partition.key), code_version)
+            reason = _version_staleness(latest.get(asset, partition.key), code_version)
             if reason is None and not exists():
                 reason = "output missing from the data root"
         if reason:

@@ -19,10 +19,10 @@ import time
 from dagster import AssetKey, DagsterInstance
 
 from megacpp_assets import freshness
-from megacpp_assets.factory import CARD_CODE_VERSION, register_shards
+from megacpp_assets.factory import CARD_CODE_VERSION, LatestMaterializations, group_step_name, register_shards
 from megacpp_core import layout
 from megacpp_core.stage import Partition
-from megacpp_core.stages import phases, sinks
+from megacpp_core.stages import phases, sinks, step_groups
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
@@ -45,6 +45,8 @@ class SnapshotRun:
         self.shard_job = definitions.resolve_job_def("shard_job")
         self.snapshot_job = definitions.resolve_job_def("snapshot_job")
         self.passes = phases(stages)
+        self.latest = LatestMaterializations(instance, kept=True)  # one materialization index per process
+        self.step_of = {s.asset: group_step_name(g) if len(g) > 1 else s.asset for g in step_groups(stages) for s in g}
         self.n_sources = len(manifest.sources)
 
     @classmethod
@@ -68,7 +70,8 @@ class SnapshotRun:
     def _out_of_date(self, part, assets) -> list[str]:
         if self.rerun:
             return assets
-        return [x.asset for x in freshness.plan(self.instance, self.stages, self.root, self.manifest, part)
+        return [x.asset for x in freshness.plan(self.instance, self.stages, self.root, self.manifest, part,
+                                                latest=self.latest)
                 if x.asset in assets]
 
     def _materialize(self, job, part, assets, label, say_skip=True, todo=None) -> bool:
@@ -82,7 +85,7 @@ class SnapshotRun:
         result = job.execute_in_process(instance=self.instance, partition_key=part.key, run_config=QUIET,
                                         raise_on_error=False, asset_selection=[AssetKey(a) for a in todo])
         if not result.success:
-            report_failure(result, part.key)
+            report_failure(result, part.key, [(a, self.step_of[a]) for a in todo])
         return result.success
 
     def pass_assets(self, n: int) -> tuple[list[str], list[str], list[str]]:
@@ -144,7 +147,8 @@ class SnapshotRun:
         if not assets:
             return True
         plan = assets if self.rerun else [x.asset for x in freshness.plan(self.instance, self.stages, self.root,
-                                                                          self.manifest, Partition(name), extra)
+                                                                          self.manifest, Partition(name), extra,
+                                                                          latest=self.latest)
                                           if x.asset in assets]
         if not plan:
             print(f"[snapshot] {name}: {', '.join(assets)} current; skipped")
@@ -268,14 +272,28 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
     return True
 
 
-def report_failure(result, what: str) -> None:
-    """Print the failed steps and failed blocking checks of a Dagster run result to stderr."""
+def failed_asset(result, step_key: str, requested: list[tuple[str, str]]) -> str | None:
+    """The asset whose stage failed in ``step_key`` of a run: the first of ``requested``
+    (the run's ``(asset, step)`` pairs, in registry order) computed by that step that the
+    run did not materialize; a step shared by several stages runs them in that order and
+    stops at the first failure. ``None`` when each was materialized (a failed blocking check)."""
+    done = {ev.asset_key.to_user_string() for ev in result.all_events
+            if ev.event_type_value == "ASSET_MATERIALIZATION" and ev.step_key == step_key}
+    return next((a for a, step in requested if step == step_key and a not in done), None)
+
+
+def report_failure(result, what: str, requested: list[tuple[str, str]] | None = None) -> None:
+    """Print the failed steps (with the asset whose stage failed, for a step shared by
+    several stages: ``requested`` lists the run's ``(asset, step)`` pairs) and the failed
+    blocking checks of a Dagster run result to stderr."""
     print(f"megacpp run: FAILED at {what}", file=sys.stderr)
     for ev in result.all_events:
         if ev.is_step_failure:
             err = ev.step_failure_data.error
             cause = err.cause.message if err and err.cause else ""
-            print(f"  step {ev.step_key}: {err.message.strip() if err else ''} {cause.strip()}", file=sys.stderr)
+            asset = failed_asset(result, ev.step_key, requested or [])
+            at = f" (asset {asset})" if asset and asset != ev.step_key else ""
+            print(f"  step {ev.step_key}{at}: {err.message.strip() if err else ''} {cause.strip()}", file=sys.stderr)
         elif ev.event_type_value == "ASSET_CHECK_EVALUATION":
             data = ev.event_specific_data
             if data is not None and not data.passed:

@@ -80,6 +80,14 @@ def test_compute_interval_clipped(orch):
     assert orch.Step("t", 0, 4, 1.0).compute_interval() == (3, 4)  # no compute_end: the step's end
 
 
+def test_a_shared_step_computes_each_asset_before_its_materialization(orch):
+    # one step, three stages: computes 1..3, 4..5 and 6..9 (overhead 0..1, 3..4, 5..6, 9..10)
+    s = orch.Step("q__l__s", 0, 10, 6.0, 3.0, parts=((3.0, 2.0), (5.0, 1.0), (9.0, 3.0)))
+    assert s.compute_intervals() == [(1.0, 3.0), (4.0, 5.0), (6.0, 9.0)]
+    f = orch.figures([s])
+    assert f["compute_union_seconds"] == 6 and f["in_step_overhead_wall_seconds"] == 4
+
+
 def test_group_invocations(orch):
     spans = [(0, 5), (1, 3), (6, 8), (100, 110), (111, 112)]
     runs = [orch.Run(str(i), "j", "", a, b) for i, (a, b) in enumerate(spans)]

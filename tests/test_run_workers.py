@@ -50,7 +50,8 @@ def test_a_failing_step_in_a_worker_stops_the_run(tmp_path, capsys):
                 out, err = capsys.readouterr()
                 # the workers' lines reach this process's stdout/stderr through the queue
                 assert "repo_revision tiny/" in out and "  quality      tiny/" in out
-                assert "megacpp run: FAILED at tiny/" in err and "step scrubbed_files" in err
+                # the failed step is the one scrub shares with quality and license; the report names scrub's asset
+                assert "megacpp run: FAILED at tiny/" in err and "step quality__license__scrub (asset scrubbed_files)" in err
                 # runs of the workers are the instance's: quality was materialized per shard
                 recs = instance.fetch_materializations(AssetKey("quality_files"), limit=10).records
                 assert recs and all("|" in r.partition_key for r in recs)

@@ -82,7 +82,7 @@ def test_shard_keys_and_partition_keys_round_trip():
 
 
 def test_per_document_assets_are_a_revision_by_shard_grid():
-    from dagster import MultiPartitionsDefinition, MultiToSingleDimensionPartitionMapping
+    from dagster import AssetKey, MultiPartitionsDefinition, MultiToSingleDimensionPartitionMapping
 
     from megacpp_assets.definitions import defs
     from megacpp_core.stages import STAGES
@@ -91,12 +91,12 @@ def test_per_document_assets_are_a_revision_by_shard_grid():
     per_shard = [s for s in STAGES if s.partitioning is Partitioning.REVISION_SHARD]
     assert {s.name for s in per_shard} >= {"quality", "license", "scrub", "minhash"}
     for s in per_shard:
-        node = graph.get(defs.resolve_assets_def(s.asset).key)
+        node = graph.get(AssetKey(s.asset))
         pdef = node.partitions_def
         assert isinstance(pdef, MultiPartitionsDefinition)
         assert [d.name for d in pdef.partitions_defs] == ["revision", "shard"]
     quality = defs.resolve_assets_def("quality_files")
-    dep = quality.get_partition_mapping(defs.resolve_assets_def("source_files").key)
+    dep = quality.get_partition_mapping(AssetKey("source_files"))
     assert isinstance(dep, MultiToSingleDimensionPartitionMapping) and dep.partition_dimension_name == "revision"
     assert defs.resolve_job_def("shard_job").partitions_def is not None
 

@@ -116,6 +116,33 @@ def phases(stages: tuple[Stage, ...] = STAGES) -> list[Phase]:
     return out
 
 
+def step_groups(stages: tuple[Stage, ...] = STAGES) -> list[tuple[Stage, ...]]:
+    """The stages that share one Dagster step, in registry order: within each lane of a
+    pass (:func:`phases`: a revision's early stages, its shard stages, its late stages),
+    consecutive stages that are not ``heavy`` run as one step (one ``multi_asset``: still
+    one asset and one set of blocking checks per stage). Dagster's cost is per step (its
+    start, output, success events and the input-version lookups: about 0.2 s each on a
+    laptop-class core), so the cheap per-file and per-shard stages of one partition are
+    one step instead of one each; a ``heavy`` stage keeps its own step, pod and pool, and
+    the snapshot stages (each large) keep one step each. Every stage is in exactly one
+    group; a group of one is a plain asset."""
+    out: list[tuple[Stage, ...]] = []
+    for ph in phases(stages):
+        for lane in (ph.early, ph.shard, ph.late):
+            run: list[Stage] = []
+            for s in lane:
+                if s.heavy:
+                    out.extend(g for g in (tuple(run), (s,)) if g)
+                    run = []
+                else:
+                    run.append(s)
+            if run:
+                out.append(tuple(run))
+        out.extend((s,) for s in ph.snapshot)
+    order = {s.name: i for i, s in enumerate(stages)}
+    return sorted(out, key=lambda g: order[g[0].name])
+
+
 def run(name: str, root, manifest, source: str | None = None, shard: str | None = None, **kwargs):
     """Run the stage ``name`` on the revision ``source`` (or the snapshot) of ``manifest``
     under the data root ``root`` (a :class:`~megacpp_core.storage.DataRoot`, path or URL):

@@ -1,0 +1,161 @@
+"""Stages sharing one Dagster step (:func:`megacpp_core.stages.step_groups`): the cheap
+per-file and per-shard stages of one partition run as one ``multi_asset`` step, each still
+its own asset with its own blocking checks; a failed gate stops the stages after it in the
+step, and a run can select any subset of a group."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pytest
+from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
+
+from megacpp_assets.definitions import build_definitions, defs
+from megacpp_assets.factory import group_step_name
+from megacpp_core.stage import Partitioning
+from megacpp_core.stages import STAGES, phases, step_groups
+from tests.conftest import environ
+
+SHARD = "tiny/lz4-4.4.5|000"
+
+
+def test_every_stage_is_in_one_group_and_heavy_stages_keep_their_own_step():
+    groups = step_groups()
+    names = [s.name for g in groups for s in g]
+    assert sorted(names) == sorted(s.name for s in STAGES) and len(names) == len(set(names))
+    lane_of = {}
+    for n, ph in enumerate(phases()):
+        for lane, members in (("early", ph.early), ("shard", ph.shard), ("late", ph.late), ("snapshot", ph.snapshot)):
+            lane_of.update({s.name: (n, lane) for s in members})
+    for g in groups:
+        assert len({lane_of[s.name] for s in g}) == 1, g  # one lane of one pass: one partitioning
+        if len(g) > 1:
+            assert not any(s.heavy for s in g) and g[0].partitioning is not Partitioning.SNAPSHOT, g
+    assert all((s,) in groups for s in STAGES if s.heavy)
+    shard_steps = {n.name for n in defs.resolve_job_def("shard_job").graph.nodes}
+    assert shard_steps == {"quality__license__scrub", "minhash_signatures", "chunk__tokenize__family_chunks"}
+    revision_steps = {n.name for n in defs.resolve_job_def("revision_job").graph.nodes}
+    assert {"acquire__compile_commands", "repo_documents__structure_documents", "semantic_graph"} == revision_steps
+
+
+def test_a_group_is_one_asset_and_one_check_set_per_stage():
+    graph = defs.resolve_asset_graph()
+    for g in step_groups():
+        for s in g:
+            ad = defs.resolve_assets_def(AssetKey(s.asset))
+            assert ad.node_def.name == (group_step_name(g) if len(g) > 1 else s.asset)
+            assert graph.get(AssetKey(s.asset)).code_version == s.code_version
+            mine = {c.key.name for c in ad.check_specs if c.asset_key == AssetKey(s.asset)}
+            assert mine == set(s.check_names)
+        if len(g) > 1:
+            assert defs.resolve_assets_def(AssetKey(g[0].asset)).can_subset
+
+
+@pytest.mark.integration
+def test_the_tiny_run_materialized_each_asset_of_a_shared_step_with_its_checks(tiny_run):
+    _, instance = tiny_run
+    group = next(g for g in step_groups() if group_step_name(g) == "quality__license__scrub")
+    for s in group:
+        recs = instance.fetch_materializations(AssetKey(s.asset), limit=100).records
+        assert {r.partition_key for r in recs} >= {SHARD}, s.asset
+        evals = instance.get_event_records(EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION), limit=10_000)
+        done = {(e.event_log_entry.dagster_event.event_specific_data.asset_check_key.asset_key.path[-1],
+                 e.event_log_entry.dagster_event.event_specific_data.check_name,
+                 e.event_log_entry.dagster_event.event_specific_data.passed) for e in evals}
+        assert {(s.asset, c, True) for c in s.check_names} <= done, s.asset
+    run_id = next(r.run_id for r in instance.fetch_materializations(AssetKey("scrubbed_files"), limit=100).records
+                  if r.partition_key == SHARD)
+    starts = [e.step_key for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)]
+    assert "quality__license__scrub" in starts and "scrubbed_files" not in starts  # one step, three assets
+
+
+def _copy_of_tiny(tiny_run, tmp_path):
+    root, _ = tiny_run
+    copy = tmp_path / "root"
+    shutil.copytree(root / "snapshots", copy / "snapshots", symlinks=True)
+    (copy / "cache").symlink_to((root / "cache").resolve(), target_is_directory=True)
+    return copy
+
+
+def _failing(ctx):
+    """A gate that always fails (the test's hostile gate)."""
+    return False, "failed on purpose"
+
+
+@pytest.mark.integration
+def test_a_failed_gate_stops_the_stages_after_it_in_the_step(tiny_run, tmp_path):
+    variant = tuple(dataclasses.replace(s, gates=(*s.gates, _failing)) if s.name == "license" else s for s in STAGES)
+    job = build_definitions(variant).resolve_job_def("shard_job")
+    copy = _copy_of_tiny(tiny_run, tmp_path)
+    with environ(MEGACPP_DATA_ROOT=str(copy)), DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
+        instance.add_dynamic_partitions("shard", ["000"])
+        result = job.execute_in_process(instance=instance, partition_key=SHARD, raise_on_error=False,
+                                        asset_selection=[AssetKey(a) for a in ("quality_files", "license_files", "scrubbed_files")])
+        assert not result.success
+        done = {e.asset_key.path[-1] for e in result.get_asset_materialization_events()}
+        assert done == {"quality_files", "license_files"}  # scrub, after the failed gate, did not run
+        evals = {(e.check_name, e.passed)
+                 for e in result.get_asset_check_evaluations()}
+        assert ("_failing", False) in evals and ("every_file_decided", True) in evals
+
+
+@pytest.mark.integration
+def test_a_run_can_select_one_stage_of_a_shared_step(tiny_run, tmp_path):
+    copy = _copy_of_tiny(tiny_run, tmp_path)
+    with environ(MEGACPP_DATA_ROOT=str(copy)), DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
+        instance.add_dynamic_partitions("shard", ["000"])
+        result = defs.resolve_job_def("shard_job").execute_in_process(
+            instance=instance, partition_key=SHARD, asset_selection=[AssetKey("scrubbed_files")])
+        assert result.success
+        assert [e.asset_key.path[-1] for e in result.get_asset_materialization_events()] \
+            == ["scrubbed_files"]
+        evals = {e.asset_key.path[-1] for e in result.get_asset_check_evaluations()}
+        assert evals == {"scrubbed_files"}
+
+
+# ---------------------------------------------------------------- the materialization index
+
+
+def test_the_materialization_index_follows_new_materializations():
+    from dagster import AssetMaterialization
+
+    from megacpp_assets.factory import LatestMaterializations
+
+    with DagsterInstance.ephemeral() as instance:
+        def mat(p: str, version: str) -> None:
+            instance.report_runless_asset_event(AssetMaterialization("a", partition=p, tags={"dagster/data_version": version}))
+
+        mat("s/x", "1")
+        mat("s/y", "1")
+        index = LatestMaterializations(instance, kept=True)
+        got = index.get_many("a", ["s/x", "s/y", "s/z"])
+        assert {p: m and m.tags["dagster/data_version"] for p, m in got.items()} == {"s/x": "1", "s/y": "1", "s/z": None}
+        mat("s/x", "2")
+        mat("s/z", "1")
+        assert index.get("a", "s/x").tags["dagster/data_version"] == "1"  # held until refreshed
+        index.refresh()
+        assert index.get("a", "s/x").tags["dagster/data_version"] == "2"
+        assert index.get("a", "s/z").tags["dagster/data_version"] == "1"
+        assert index.get("a", "s/y").tags["dagster/data_version"] == "1" and index.get("b", "s/x") is None
+
+
+@pytest.mark.integration
+def test_the_materialization_index_agrees_with_one_query_per_partition(tiny_run):
+    from dagster import AssetRecordsFilter
+
+    from megacpp_assets.factory import LatestMaterializations
+
+    _, instance = tiny_run
+    index, once = LatestMaterializations(instance, kept=True), LatestMaterializations(instance)
+    for s in STAGES:
+        parts = sorted({r.partition_key for r in instance.fetch_materializations(AssetKey(s.asset), limit=10_000).records})
+        assert parts, s.asset
+        got = index.get_many(s.asset, parts + ["tiny/no-such-revision"])
+        assert got.pop("tiny/no-such-revision") is None
+        for p in parts:
+            want = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(s.asset), asset_partitions=[p]),
+                                                   limit=1).records[0].asset_materialization
+            assert got[p] == want == once.get(s.asset, p), (s.asset, p)
