@@ -71,18 +71,21 @@ def vm_hwm_mb() -> float:
 
 def child(stage: str, key: str, root: str, manifest: str, peak_file: str) -> None:
     """Run one stage on one partition (in this fresh process); write its peak RSS (MiB)
-    to ``peak_file``."""
+    to ``peak_file``. ``stage`` may name several, comma-separated: they run one after
+    another in this process, as the stages sharing one step do
+    (:func:`megacpp_core.stages.step_groups`), and the peak is the whole step's."""
     from megacpp_core.manifest import load_manifest
     from megacpp_core.runner import run_stage
     from megacpp_core.stage import Partition
     from megacpp_core.stages import by_name
     from megacpp_core.storage import open_root
 
-    st = by_name(stage)
-    res = run_stage(st, open_root(root), load_manifest(manifest), Partition.parse(key, st.partitioning))
-    if not res.ok:
-        bad = {k: v for k, v in res.checks.items() if not v[0]}
-        raise SystemExit(f"{stage} {key}: gates failed {bad}")
+    for name in stage.split(","):
+        st = by_name(name)
+        res = run_stage(st, open_root(root), load_manifest(manifest), Partition.parse(key, st.partitioning))
+        if not res.ok:
+            bad = {k: v for k, v in res.checks.items() if not v[0]}
+            raise SystemExit(f"{name} {key}: gates failed {bad}")
     Path(peak_file).write_text(f"{vm_hwm_mb():.1f}")
 
 
