@@ -125,57 +125,59 @@ def register_shards(instance, root, snapshot: str, source: str) -> list[str]:
 
 class LatestMaterializations:
     """The latest materialization of each (asset, partition) of one Dagster instance, read in
-    bulk and kept for a whole ``megacpp run``.
+    bulk.
 
-    Per asset, one query gives the latest storage id of every partition
-    (``get_latest_storage_id_by_partition``); later reads ask only for ids after the last
-    one seen. The materialization records themselves never change, so each is fetched once,
-    with every record a call still lacks in one ``fetch_materializations`` by storage id.
-    Freshness planning of one partition asks for about a dozen (asset, partition) pairs and
-    a snapshot step for every revision of each upstream asset; one query per pair cost
-    ~8 ms each (SQLite), most of a no-op run's time. ``kept``: the index serves many plans
-    (``megacpp run`` keeps one per process, and a partition read once is read again by the
-    plans of its siblings); :meth:`refresh` before each plan picks up what runs since the
-    last one materialized. An asset wiped while a run is
-    going on is not noticed until the next ``megacpp run``."""
+    Per call, one query gives the latest storage id of each requested partition
+    (``get_latest_storage_id_by_partition``, which honours asset wipes, as
+    ``fetch_materializations`` does). A materialization record never changes, so records
+    are kept by storage id, and every record a call still lacks is fetched in one
+    ``fetch_materializations`` by storage id. Freshness planning of one partition asks for
+    about a dozen (asset, partition) pairs, and a snapshot step for every revision of each
+    upstream asset; one query per pair cost ~8 ms each (SQLite), most of a no-op run's
+    time. ``kept``: the index serves many plans (``megacpp run`` keeps one per process: a
+    record read for one plan is read again by the plans of its sibling partitions;
+    :meth:`refresh` starts each plan); an index used once reads a lone partition with one
+    direct query instead. Nothing is assumed about the order in which storage ids become
+    visible, so each plan is as current as one query per pair, on any storage (SQLite
+    or PostgreSQL)."""
 
     def __init__(self, instance, kept: bool = False):
         self.instance, self.kept = instance, kept
-        self._ids: dict[str, dict[str, int]] = {}
-        self._cursor: dict[str, int] = {}
-        self._current: set[str] = set()
+        self._latest: dict[tuple[str, str], int | None] = {}  # since the last refresh()
         self._records: dict[int, Any] = {}
+        self._known: set[tuple[str, str]] = set()
 
     def refresh(self) -> None:
-        """Read newer storage ids again on the next use of each asset."""
-        self._current.clear()
-
-    def _partition_ids(self, asset: str) -> dict[str, int]:
-        ids = self._ids.setdefault(asset, {})
-        if asset not in self._current:
-            new = self.instance.get_latest_storage_id_by_partition(
-                AssetKey(asset), DagsterEventType.ASSET_MATERIALIZATION, after_cursor=self._cursor.get(asset))
-            for p, i in new.items():
-                ids[p] = max(i, ids.get(p, -1))
-            if new:
-                self._cursor[asset] = max(self._cursor.get(asset, -1), *new.values())
-            self._current.add(asset)
-        return ids
+        """Forget which storage id is the latest of each partition (records stay): the
+        next reads see what was materialized since. Between two refreshes, a partition's
+        latest id is read once (a plan asks for one pair several times)."""
+        self._known.clear()
 
     def get_many(self, asset: str, partitions: list[str]) -> dict[str, Any]:
-        """``{partition: its latest AssetMaterialization or None}``. An index used once
-        (not ``kept``) reads a lone partition with one direct query instead."""
+        """``{partition: its latest AssetMaterialization or None}``."""
+        if not partitions:
+            return {}
         if len(partitions) == 1 and not self.kept:
             recs = self.instance.fetch_materializations(
                 AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=partitions), limit=1).records
             return {partitions[0]: recs[0].asset_materialization if recs else None}
-        ids = self._partition_ids(asset)
-        want = sorted({ids[p] for p in partitions if p in ids and ids[p] not in self._records})
+        unknown = {p for p in partitions if (asset, p) not in self._known}
+        if unknown:
+            ids = self.instance.get_latest_storage_id_by_partition(
+                AssetKey(asset), DagsterEventType.ASSET_MATERIALIZATION, partitions=unknown)
+            for p in unknown:
+                old, new = self._latest.get((asset, p)), ids.get(p)
+                if old is not None and old != new:
+                    self._records.pop(old, None)  # replaced: not needed again
+                self._latest[(asset, p)] = new
+                self._known.add((asset, p))
+        latest = {p: self._latest[(asset, p)] for p in partitions}
+        want = sorted({i for i in latest.values() if i is not None and i not in self._records})
         if want:
             recs = self.instance.fetch_materializations(
                 AssetRecordsFilter(asset_key=AssetKey(asset), storage_ids=want), limit=len(want)).records
             self._records.update((r.storage_id, r.asset_materialization) for r in recs)
-        return {p: self._records.get(ids[p]) if p in ids else None for p in partitions}
+        return {p: None if i is None else self._records.get(i) for p, i in latest.items()}
 
     def get(self, asset: str, partition: str):
         """The latest AssetMaterialization of ``asset`` at ``partition``, or None."""
@@ -329,6 +331,11 @@ def stage_group_asset(group: tuple[Stage, ...], producers: dict[str, Stage]):
                  required_resource_keys={"data_root", *(t for s in group for t in s.tools)})
     def _group(context: AssetExecutionContext):
         selected = context.selected_asset_keys
+        alone = sorted({k.asset_key.to_user_string() for k in context.selected_asset_check_keys} -
+                       {k.to_user_string() for k in selected})
+        if alone:  # a check evaluates the outputs its stage commits: it runs with its asset
+            raise ValueError(f"the checks of {', '.join(alone)} run when the asset is materialized; "
+                             "select the asset, not its checks alone")
         for stage in group:
             if AssetKey(stage.asset) not in selected:
                 continue

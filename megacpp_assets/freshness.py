@@ -96,11 +96,11 @@ def plan(instance, stages: tuple[Stage, ...], root: DataRoot, manifest: Manifest
     out-of-date ones and everything downstream of them (registry order). ``extra``: assets
     outside the registry, ``{asset: (code_version, upstream assets, exists())}`` (the
     dataset card). ``latest``: a materialization index kept across plans (``megacpp run``
-    keeps one per process); it is refreshed here, so runs since the last plan count."""
+    keeps one per process); it is refreshed here, so what runs materialized since the
+    last plan counts."""
     if latest is None:
-        latest = LatestMaterializations(instance)
-    else:
-        latest.refresh()
+        latest = LatestMaterializations(instance, kept=True)
+    latest.refresh()
     producers = stage_registry.producers(stages)
     mine = [s for s in stages if s.partitioning is partition.partitioning]
     out: list[Staleness] = []

@@ -275,11 +275,18 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
 def failed_asset(result, step_key: str, requested: list[tuple[str, str]]) -> str | None:
     """The asset whose stage failed in ``step_key`` of a run: the first of ``requested``
     (the run's ``(asset, step)`` pairs, in registry order) computed by that step that the
-    run did not materialize; a step shared by several stages runs them in that order and
-    stops at the first failure. ``None`` when each was materialized (a failed blocking check)."""
-    done = {ev.asset_key.to_user_string() for ev in result.all_events
-            if ev.event_type_value == "ASSET_MATERIALIZATION" and ev.step_key == step_key}
-    return next((a for a, step in requested if step == step_key and a not in done), None)
+    run did not materialize or materialized with a failed check; a step shared by several
+    stages runs them in that order and stops at the first failure. ``None`` when there
+    is none (the step failed outside a stage)."""
+    done, failed = set(), set()
+    for ev in result.all_events:
+        if ev.step_key != step_key:
+            continue
+        if ev.event_type_value == "ASSET_MATERIALIZATION":
+            done.add(ev.asset_key.to_user_string())
+        elif ev.event_type_value == "ASSET_CHECK_EVALUATION" and not ev.event_specific_data.passed:
+            failed.add(ev.event_specific_data.asset_key.to_user_string())
+    return next((a for a, step in requested if step == step_key and (a not in done or a in failed)), None)
 
 
 def report_failure(result, what: str, requested: list[tuple[str, str]] | None = None) -> None:

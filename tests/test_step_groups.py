@@ -84,7 +84,9 @@ def _failing(ctx):
 
 
 @pytest.mark.integration
-def test_a_failed_gate_stops_the_stages_after_it_in_the_step(tiny_run, tmp_path):
+def test_a_failed_gate_stops_the_stages_after_it_in_the_step(tiny_run, tmp_path, capsys):
+    from megacpp_assets.snapshot_run import report_failure
+
     variant = tuple(dataclasses.replace(s, gates=(*s.gates, _failing)) if s.name == "license" else s for s in STAGES)
     job = build_definitions(variant).resolve_job_def("shard_job")
     copy = _copy_of_tiny(tiny_run, tmp_path)
@@ -96,9 +98,32 @@ def test_a_failed_gate_stops_the_stages_after_it_in_the_step(tiny_run, tmp_path)
         assert not result.success
         done = {e.asset_key.path[-1] for e in result.get_asset_materialization_events()}
         assert done == {"quality_files", "license_files"}  # scrub, after the failed gate, did not run
-        evals = {(e.check_name, e.passed)
-                 for e in result.get_asset_check_evaluations()}
+        evals = {(e.check_name, e.passed) for e in result.get_asset_check_evaluations()}
         assert ("_failing", False) in evals and ("every_file_decided", True) in evals
+        # the failure report names the stage whose gate failed, not the one after it
+        step = "quality__license__scrub"
+        report_failure(result, SHARD, [(a, step) for a in ("quality_files", "license_files", "scrubbed_files")])
+        err = capsys.readouterr().err
+        assert f"step {step} (asset license_files)" in err and "check _failing failed on license_files" in err
+
+
+@pytest.mark.integration
+def test_the_checks_of_a_shared_step_do_not_run_without_their_asset(tiny_run, tmp_path):
+    """A run selecting a grouped asset's checks alone (the shard job subset to them) is
+    refused: a check evaluates what its stage commits, so it runs with its asset."""
+    from dagster import AssetCheckKey
+
+    copy = _copy_of_tiny(tiny_run, tmp_path)
+    check = AssetCheckKey(AssetKey("scrubbed_files"), "scrubbed_schema")
+    job = defs.resolve_job_def("shard_job").get_subset(asset_selection=set(), asset_check_selection={check})
+    with environ(MEGACPP_DATA_ROOT=str(copy)), DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
+        instance.add_dynamic_partitions("shard", ["000"])
+        result = job.execute_in_process(instance=instance, partition_key=SHARD, raise_on_error=False)
+        assert not result.success  # not a silent success with nothing evaluated
+        assert not result.get_asset_check_evaluations() and not result.get_asset_materialization_events()
+        failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
+        assert "select the asset, not its checks alone" in failure.cause.message
 
 
 @pytest.mark.integration
@@ -135,11 +160,17 @@ def test_the_materialization_index_follows_new_materializations():
         assert {p: m and m.tags["dagster/data_version"] for p, m in got.items()} == {"s/x": "1", "s/y": "1", "s/z": None}
         mat("s/x", "2")
         mat("s/z", "1")
-        assert index.get("a", "s/x").tags["dagster/data_version"] == "1"  # held until refreshed
+        assert index.get("a", "s/x").tags["dagster/data_version"] == "1"  # until refreshed (one plan)
+        assert index.get("a", "s/z") is None
         index.refresh()
         assert index.get("a", "s/x").tags["dagster/data_version"] == "2"
         assert index.get("a", "s/z").tags["dagster/data_version"] == "1"
         assert index.get("a", "s/y").tags["dagster/data_version"] == "1" and index.get("b", "s/x") is None
+        assert index.get_many("a", []) == {}
+        instance.wipe_assets([AssetKey("a")])  # a wiped asset reads as never materialized
+        index.refresh()
+        assert index.get_many("a", ["s/x", "s/y"]) == {"s/x": None, "s/y": None}
+        assert LatestMaterializations(instance).get("a", "s/x") is None
 
 
 @pytest.mark.integration
