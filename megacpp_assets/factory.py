@@ -143,9 +143,9 @@ class LatestMaterializations:
 
     def __init__(self, instance, kept: bool = False):
         self.instance, self.kept = instance, kept
-        self._latest: dict[tuple[str, str], int | None] = {}  # since the last refresh()
+        self._latest: dict[tuple[str, str], int | None] = {}  # the latest id of each pair, as last read
+        self._known: set[tuple[str, str]] = set()  # the pairs read since the last refresh()
         self._records: dict[int, Any] = {}
-        self._known: set[tuple[str, str]] = set()
 
     def refresh(self) -> None:
         """Forget which storage id is the latest of each partition (records stay): the
