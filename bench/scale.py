@@ -80,9 +80,10 @@ def child(stage: str, key: str, root: str, manifest: str, peak_file: str) -> Non
     from megacpp_core.stages import by_name
     from megacpp_core.storage import open_root
 
+    data_root, m = open_root(root), load_manifest(manifest)
     for name in stage.split(","):
         st = by_name(name)
-        res = run_stage(st, open_root(root), load_manifest(manifest), Partition.parse(key, st.partitioning))
+        res = run_stage(st, data_root, m, Partition.parse(key, st.partitioning))
         if not res.ok:
             bad = {k: v for k, v in res.checks.items() if not v[0]}
             raise SystemExit(f"{name} {key}: gates failed {bad}")

@@ -184,11 +184,6 @@ class LatestMaterializations:
         return self.get_many(asset, [partition])[partition]
 
 
-def current_data_version(instance, asset: str, partition: str) -> str | None:
-    """The data version of the latest materialization of ``asset`` at ``partition``."""
-    return _data_version(LatestMaterializations(instance).get(asset, partition))
-
-
 def _data_version(mat) -> str | None:
     return (mat.tags or {}).get("dagster/data_version") if mat else None
 
@@ -307,9 +302,10 @@ def stage_asset(stage: Stage, producers: dict[str, Stage]):
 
 
 def group_step_name(group: tuple[Stage, ...]) -> str:
-    """The op (step) name of stages sharing one step: their stage names joined by ``__``
-    (``quality__license__scrub``)."""
-    return "__".join(s.name for s in group)
+    """The op (step) name of a group of :func:`megacpp_core.stages.step_groups`: a stage
+    alone is its asset's step; stages sharing one step are their stage names joined by
+    ``__`` (``quality__license__scrub``)."""
+    return group[0].asset if len(group) == 1 else "__".join(s.name for s in group)
 
 
 def stage_group_asset(group: tuple[Stage, ...], producers: dict[str, Stage]):

@@ -46,7 +46,7 @@ class SnapshotRun:
         self.snapshot_job = definitions.resolve_job_def("snapshot_job")
         self.passes = phases(stages)
         self.latest = LatestMaterializations(instance, kept=True)  # one materialization index per process
-        self.step_of = {s.asset: group_step_name(g) if len(g) > 1 else s.asset for g in step_groups(stages) for s in g}
+        self.step_of = {s.asset: group_step_name(g) for g in step_groups(stages) for s in g}
         self.n_sources = len(manifest.sources)
 
     @classmethod

@@ -44,7 +44,8 @@ def test_a_group_is_one_asset_and_one_check_set_per_stage():
     for g in step_groups():
         for s in g:
             ad = defs.resolve_assets_def(AssetKey(s.asset))
-            assert ad.node_def.name == (group_step_name(g) if len(g) > 1 else s.asset)
+            assert ad.node_def.name == group_step_name(g)
+            assert len(g) > 1 or group_step_name(g) == s.asset  # a stage alone: its asset's step
             assert graph.get(AssetKey(s.asset)).code_version == s.code_version
             mine = {c.key.name for c in ad.check_specs if c.asset_key == AssetKey(s.asset)}
             assert mine == set(s.check_names)
