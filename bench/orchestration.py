@@ -65,6 +65,7 @@ import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 #: Default split between invocations (s): longer than any pause inside one ``megacpp run``
 #: seen so far (≈ 3 s between passes: the snapshot steps' planning and fresh workers).
@@ -332,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from dagster import DagsterInstance
 
+    os.environ["DAGSTER_HOME"] = str(Path(a.dagster_home).resolve())  # the CLI's dagster.yaml reads it (base_dir)
     instance = DagsterInstance.from_config(a.dagster_home)
     runs, how = select(load_runs(instance), a.since_run_id, a.last, a.invocation_gap)
     if not runs:

@@ -23,7 +23,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from megacpp_core.storage import DataRoot
 
-DAGSTER_YAML = """# Local instance for `megacpp run` and `dagster dev` (SQLite storage under this directory).
+DAGSTER_YAML = """# Local instance for `megacpp run` and `dagster dev` (SQLite storage under this directory,
+# Dagster's layout; its event log keeps its connections: megacpp_assets.instance_storage).
+storage:
+  custom:
+    module: megacpp_assets.instance_storage
+    class: PooledSqliteStorage
+    config:
+      base_dir:
+        env: DAGSTER_HOME
+telemetry:
+  enabled: false
+"""
+
+#: What earlier versions wrote as ``dagster.yaml``; a home that still has it exactly is
+#: given :data:`DAGSTER_YAML` (the same files on disk, read through the pooled event log).
+_EARLIER_DAGSTER_YAML = """# Local instance for `megacpp run` and `dagster dev` (SQLite storage under this directory).
 telemetry:
   enabled: false
 """
@@ -65,10 +80,11 @@ def prepare_environment(data_root: str | None) -> tuple["DataRoot", Path]:
     os.environ["MEGACPP_DATA_ROOT"] = loc
     home = Path(os.environ.get("DAGSTER_HOME") or state / "dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():  # atomic: a concurrent run never reads half of it
+    cfg = home / "dagster.yaml"
+    if not cfg.exists() or cfg.read_text() == _EARLIER_DAGSTER_YAML:  # atomic: a concurrent run never reads half of it
         tmp = home / f"dagster.yaml.tmp-{os.getpid()}"
         tmp.write_text(DAGSTER_YAML)
-        os.replace(tmp, home / "dagster.yaml")
+        os.replace(tmp, cfg)
     os.environ["DAGSTER_HOME"] = str(home)
     return open_root(loc), home
 

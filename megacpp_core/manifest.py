@@ -405,6 +405,11 @@ def load_manifest(name_or_path: str | Path) -> Manifest:
     return parse_manifest(path.read_text(encoding="utf-8"), path)
 
 
+#: PyYAML's safe loader on libyaml when PyYAML has it (the same documents, about 5x faster;
+#: a manifest is parsed by every step that opens its snapshot), else the pure-Python one.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def parse_manifest(text: str, path: Path) -> Manifest:
     """Parse and validate manifest ``text`` as if read from ``path`` (relative paths in it
     resolve against ``path``'s directory; errors name ``path``). Used for the copy a
@@ -412,7 +417,7 @@ def parse_manifest(text: str, path: Path) -> Manifest:
     :func:`load_manifest` does."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_YAML_LOADER)
     except yaml.YAMLError as e:
         raise ManifestError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(doc, dict):

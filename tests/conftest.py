@@ -40,6 +40,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def write_instance_config(home: Path) -> None:
+    """Give the Dagster home ``home`` the instance configuration ``megacpp run`` writes
+    (SQLite storage with the pooled event log, :mod:`megacpp_assets.instance_storage`)."""
+    from megacpp_assets.cli import DAGSTER_YAML
+
+    (home / "dagster.yaml").write_text(DAGSTER_YAML)
+
+
 def make_data_root(base: Path) -> Path:
     """A fresh data root whose ``cache`` is the shared, persistent sdist cache."""
     base.mkdir(parents=True, exist_ok=True)
@@ -60,7 +68,7 @@ def materialized_tiny(tmp_path_factory, label: str):
 
     root = make_data_root(tmp_path_factory.mktemp(f"{label}-root"))
     home = tmp_path_factory.mktemp(f"{label}-dagster-home")
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    write_instance_config(home)
     saved = os.environ.get("MEGACPP_DATA_ROOT")
     with environ(DAGSTER_HOME=str(home)):
         try:

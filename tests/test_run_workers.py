@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.conftest import environ, make_data_root
+from tests.conftest import environ, make_data_root, write_instance_config
 
 
 def test_default_workers_is_cores_within_memory():
@@ -41,7 +41,7 @@ def test_a_failing_step_in_a_worker_stops_the_run(tmp_path, capsys):
     root = make_data_root(tmp_path / "root")
     home = tmp_path / "home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    write_instance_config(home)
     saved = os.environ.get("MEGACPP_DATA_ROOT")
     with environ(DAGSTER_HOME=str(home)):
         try:

@@ -25,7 +25,7 @@ from megacpp_core import pack, sharding
 from megacpp_core.layout import SnapshotLayout
 from megacpp_core.stage import Partition, Partitioning
 
-from .conftest import environ, make_data_root
+from .conftest import environ, make_data_root, write_instance_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,7 +145,7 @@ def many_shards(tmp_path_factory):
     mpath.write_text(yaml.safe_dump(manifest))
     root = make_data_root(tmp_path_factory.mktemp("shards-root"))
     home = tmp_path_factory.mktemp("shards-home")
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    write_instance_config(home)
     saved = os.environ.get("MEGACPP_DATA_ROOT")
     with environ(DAGSTER_HOME=str(home)):
         try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT, free_port, make_data_root
+from tests.conftest import PROJECT, free_port, make_data_root, write_instance_config
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = PROJECT / "data" / "test-artifacts"
@@ -53,7 +53,7 @@ def webserver(tmp_path_factory):
     root = make_data_root(tmp_path_factory.mktemp("ui-root"))
     home = root / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    write_instance_config(home)
     env = {**os.environ, "DAGSTER_HOME": str(home), "MEGACPP_DATA_ROOT": str(root)}
     env.pop("MEGACPP_PROFILE", None)
     os.environ["DAGSTER_HOME"] = str(home)

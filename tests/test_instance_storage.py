@@ -1,0 +1,225 @@
+"""The local instance's pooled SQLite event log (:mod:`megacpp_assets.instance_storage`):
+what it writes is Dagster's own format, a live run view still sees each write, open
+connections stay bounded, and several processes (forked or spawned) share one home."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import environ, write_instance_config
+
+pytestmark = pytest.mark.filterwarnings("ignore::dagster.BetaWarning", "ignore::dagster.PreviewWarning")
+
+
+def _entry(run_id: str, message: str):
+    from dagster._core.events.log import EventLogEntry
+
+    return EventLogEntry(error_info=None, level=20, user_message=message, run_id=run_id, timestamp=time.time(),
+                         step_key=None, job_name="job", dagster_event=None)
+
+
+def _open_run_databases(base_dir: Path) -> set[str]:
+    """Run databases (``RUN_ID.db``) under ``base_dir`` this process holds open."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(base_dir)) and target.endswith(".db") and not target.endswith("index.db"):
+            found.add(Path(target).stem)
+    return found
+
+
+def _assets():
+    import dagster as dg
+
+    @dg.asset(check_specs=[dg.AssetCheckSpec("positive", asset="numbers")])
+    def numbers():
+        yield dg.MaterializeResult(metadata={"n": 3})
+        yield dg.AssetCheckResult(passed=True, check_name="positive")
+
+    @dg.asset(deps=[numbers])
+    def doubled():
+        return dg.MaterializeResult(metadata={"n": 6})
+
+    return [numbers, doubled]
+
+
+def test_the_cli_instance_uses_the_pooled_event_log_in_dagsters_layout(tmp_path):
+    from dagster import DagsterInstance
+
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    write_instance_config(tmp_path)
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as instance:
+        assert isinstance(instance.event_log_storage, PooledSqliteEventLogStorage)
+        assert instance.event_log_storage._base_dir == str(tmp_path / "history" / "runs")
+    assert (tmp_path / "history" / "runs.db").exists() and (tmp_path / "history" / "runs" / "index.db").exists()
+    assert (tmp_path / "schedules" / "schedules.db").exists()
+
+
+def test_what_it_writes_reads_back_through_dagsters_stock_storage(tmp_path):
+    """Runs, materializations and check evaluations written through the pooled storage are
+    read identically by an instance on Dagster's stock SQLite storage (the same home)."""
+    import dagster as dg
+    from dagster import AssetKey, DagsterInstance
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    write_instance_config(tmp_path)
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as pooled:
+        results = [dg.materialize(_assets(), instance=pooled) for _ in range(3)]
+        assert all(r.success for r in results)
+        seen = {r.run_id: [(e.storage_id, e.event_log_entry.dagster_event_type) for e in
+                           pooled.get_records_for_run(r.run_id).records] for r in results}
+        latest = pooled.fetch_materializations(AssetKey("doubled"), limit=1).records[0].storage_id
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # Dagster's default storage
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as stock:
+        assert type(stock.event_log_storage) is SqliteEventLogStorage
+        for run_id, events in seen.items():
+            assert [(e.storage_id, e.event_log_entry.dagster_event_type) for e in
+                    stock.get_records_for_run(run_id).records] == events
+            assert stock.get_run_by_id(run_id).is_success
+        assert stock.fetch_materializations(AssetKey("doubled"), limit=1).records[0].storage_id == latest
+        assert len(stock.fetch_materializations(AssetKey("numbers"), limit=10).records) == 3
+        check = stock.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(AssetKey("numbers"), "positive"), limit=5)
+        assert len(check) == 3 and all(c.status.value == "SUCCEEDED" for c in check)
+
+
+def test_a_live_watch_on_the_run_sees_every_write(tmp_path):
+    """``dagster dev`` follows a run by watching its ``.db`` file; each write through the
+    kept connection must reach that file (checkpointed), as with the stock storage."""
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    base = tmp_path / "runs"
+    writer = PooledSqliteEventLogStorage(str(base))
+    writer.store_event(_entry("run-a", "first"))  # the run's database exists before the watch
+    watcher = SqliteEventLogStorage(str(base))
+    got: list[str] = []
+    watcher.watch("run-a", None, lambda event, cursor: got.append(event.user_message))
+    try:
+        for i in range(12):
+            writer.store_event(_entry("run-a", f"m{i}"))
+            time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while len(got) < 13 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert got == ["first"] + [f"m{i}" for i in range(12)]
+    finally:
+        watcher.end_watch("run-a", next(iter(watcher._watchers["run-a"]), None))
+        watcher.dispose()
+        writer.dispose()
+
+
+def test_open_run_databases_stay_bounded_and_every_run_stays_readable(tmp_path):
+    from megacpp_assets.instance_storage import KEPT_RUN_SHARDS, PooledSqliteEventLogStorage
+
+    base = tmp_path / "runs"
+    storage = PooledSqliteEventLogStorage(str(base))
+    runs = [f"run-{i}" for i in range(KEPT_RUN_SHARDS + 3)]
+    for run in runs:
+        for i in range(3):
+            storage.store_event(_entry(run, f"{run}-{i}"))
+        assert len(_open_run_databases(base)) <= KEPT_RUN_SHARDS
+    assert _open_run_databases(base) == set(runs[-KEPT_RUN_SHARDS:])
+    for run in runs:  # the closed ones reopen
+        assert [r.event_log_entry.user_message for r in storage.get_records_for_run(run).records] == \
+            [f"{run}-{i}" for i in range(3)]
+    storage.dispose()
+    assert not _open_run_databases(base)
+
+
+def test_wipe_closes_and_deletes_the_run_databases_then_writes_again(tmp_path):
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    base = tmp_path / "runs"
+    storage = PooledSqliteEventLogStorage(str(base))
+    storage.store_event(_entry("run-w", "before"))
+    storage.wipe()
+    assert not (base / "run-w.db").exists() and not _open_run_databases(base)
+    storage.store_event(_entry("run-w", "after"))
+    assert [r.event_log_entry.user_message for r in storage.get_records_for_run("run-w").records] == ["after"]
+    storage.dispose()
+
+
+def _child_writes(base: str, run_id: str, n: int) -> None:
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    storage = _INHERITED if _INHERITED is not None else PooledSqliteEventLogStorage(base)
+    for i in range(n):
+        storage.store_event(_entry(run_id, f"{run_id}-{i}"))
+    if _INHERITED is not None:  # SQLite: a connection must not be used across fork; the child opened its own
+        db = os.path.join(base, f"{run_id}.db")
+        fds = [fd for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == db]
+        os._exit(0 if len(fds) >= 2 else 3)  # the parent's (inherited, left alone) and its own
+
+
+_INHERITED = None
+
+
+def test_a_forked_child_and_its_parent_write_through_their_own_connections(tmp_path):
+    """A storage inherited by ``fork`` (with the parent's connections open) opens its own."""
+    global _INHERITED
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    base = tmp_path / "runs"
+    _INHERITED = storage = PooledSqliteEventLogStorage(str(base))
+    try:
+        storage.store_event(_entry("run-f", "parent-0"))
+        child = multiprocessing.get_context("fork").Process(target=_child_writes, args=(str(base), "run-f", 5))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        storage.store_event(_entry("run-f", "parent-1"))
+        messages = [r.event_log_entry.user_message for r in storage.get_records_for_run("run-f").records]
+        assert messages == ["parent-0"] + [f"run-f-{i}" for i in range(5)] + ["parent-1"]
+    finally:
+        _INHERITED = None
+        storage.dispose()
+
+
+def test_two_processes_write_one_home_at_once(tmp_path):
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    base = tmp_path / "runs"
+    PooledSqliteEventLogStorage(str(base)).dispose()  # the index database exists first, as in a home
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_child_writes, args=(str(base), f"run-{p}", 150)) for p in "xy"]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    storage = PooledSqliteEventLogStorage(str(base))
+    for p in "xy":
+        assert len(storage.get_records_for_run(f"run-{p}").records) == 150
+    storage.dispose()
+
+
+def test_the_cli_writes_its_config_upgrades_its_earlier_one_and_keeps_a_users(tmp_path):
+    from megacpp_assets.cli import _EARLIER_DAGSTER_YAML, DAGSTER_YAML, prepare_environment
+
+    saved = os.environ.get("MEGACPP_DATA_ROOT")
+    try:
+        for name, before, after in [("fresh", None, DAGSTER_YAML), ("earlier", _EARLIER_DAGSTER_YAML, DAGSTER_YAML),
+                                    ("users", "telemetry:\n  enabled: true\n", "telemetry:\n  enabled: true\n")]:
+            home = tmp_path / name / "home"
+            home.mkdir(parents=True)
+            if before is not None:
+                (home / "dagster.yaml").write_text(before)
+            with environ(DAGSTER_HOME=str(home)):
+                prepare_environment(str(tmp_path / name / "root"))
+            assert (home / "dagster.yaml").read_text() == after, name
+    finally:
+        if saved is None:
+            os.environ.pop("MEGACPP_DATA_ROOT", None)
+        else:
+            os.environ["MEGACPP_DATA_ROOT"] = saved
