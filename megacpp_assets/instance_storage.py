@@ -19,24 +19,31 @@ Two behaviours of the stock class are kept on purpose:
   connection after each write. A kept run connection is set to checkpoint after every
   commit (``PRAGMA wal_autocheckpoint=1``), so the watcher sees each write as before.
 - **Threads and processes.** Every use of a connection holds the storage's own lock, as the
-  stock class does; a process that inherits the storage by ``fork`` opens its own
-  connections (engines are per process id); ``wipe``, ``upgrade`` and ``dispose`` close
-  them first.
+  stock class does. SQLite forbids carrying an open connection across ``fork``, which the
+  stock class never has outside a call: before any ``fork`` (``os.register_at_fork``),
+  every pooled storage of the process takes its lock and closes its connections, so a
+  forked child opens its own. A database file replaced or deleted under a kept connection
+  (``wipe``, here or in another process) is noticed at the next use by its inode, and the
+  connection reopened, so it fails or succeeds as the stock class would; ``wipe``,
+  ``upgrade`` and ``dispose`` close the connections too.
 
 The instance configuration that selects it (``storage: custom:``, see
 :data:`megacpp_assets.cli.DAGSTER_YAML`) keeps Dagster's layout under ``DAGSTER_HOME``:
-``history/`` (runs), ``history/runs/`` (event logs), ``schedules/``.
+``history/`` (runs), ``history/runs/`` (event logs), ``schedules/``. Its ``base_dir`` is
+read from the ``DAGSTER_HOME`` environment variable (so a home can be moved or copied), so
+a tool that opens the instance with ``DagsterInstance.from_config(path)`` sets
+``DAGSTER_HOME`` to that path first, as ``bench/orchestration.py`` does.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import sqlalchemy as sa
-import yaml
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
     SQLITE_BUSY_TIMEOUT_SECONDS,
@@ -62,34 +69,42 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     """
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
-        self._engines: OrderedDict[str, sa.Engine] = OrderedDict()
-        self._engines_pid = os.getpid()
+        #: shard -> (engine, (st_dev, st_ino) of its database file when opened)
+        self._engines: OrderedDict[str, tuple[sa.Engine, tuple[int, int] | None]] = OrderedDict()
         super().__init__(base_dir, inst_data=inst_data)
+        _LIVE.add(self)
 
     @classmethod
     def from_config_value(cls, inst_data, config_value) -> PooledSqliteEventLogStorage:  # noqa: D102
         return cls(inst_data=inst_data, **config_value)
 
+    def _file_id(self, shard: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path_for_shard(shard))
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
     def _engine(self, shard: str) -> sa.Engine:
-        """The kept engine of ``shard`` (created on first use); call with ``_db_lock`` held."""
-        if self._engines_pid != os.getpid():  # a forked copy: its parent's connections are not ours
-            for engine in self._engines.values():
-                engine.dispose(close=False)
-            self._engines.clear()
-            self._engines_pid = os.getpid()
-        engine = self._engines.get(shard)
-        if engine is not None:
-            self._engines.move_to_end(shard)
-            return engine
+        """The kept engine of ``shard`` (created on first use, or again when its database
+        file was replaced or deleted since); call with ``_db_lock`` held."""
+        kept = self._engines.get(shard)
+        if kept is not None:
+            engine, opened = kept
+            if opened is not None and opened == self._file_id(shard):
+                self._engines.move_to_end(shard)
+                return engine
+            self._engines.pop(shard)
+            engine.dispose()
         # pool_size 1 is the kept connection; Dagster's _initdb reflects through a second one
         engine = sa.create_engine(self.conn_string_for_shard(shard), poolclass=sa.pool.QueuePool, pool_size=1,
                                   max_overflow=2, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS})
         if shard != INDEX_SHARD_NAME:
             sa.event.listen(engine, "connect", _checkpoint_each_commit)
-        self._engines[shard] = engine
+        self._engines[shard] = (engine, None)
         runs = [s for s in self._engines if s != INDEX_SHARD_NAME]
         for old in runs[:-KEPT_RUN_SHARDS] if len(runs) > KEPT_RUN_SHARDS else ():
-            self._engines.pop(old).dispose()
+            self._engines.pop(old)[0].dispose()
         return engine
 
     @contextmanager
@@ -100,12 +115,17 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                 self._initdb(engine)
                 self._initialized_dbs.add(shard)
             with engine.connect() as conn, conn.begin():
+                if self._engines[shard][1] is None:  # the file exists now: remember which one
+                    self._engines[shard] = (engine, self._file_id(shard))
                 yield conn
+
+    def _close_engines_locked(self) -> None:
+        while self._engines:
+            self._engines.popitem()[1][0].dispose()
 
     def _close_engines(self) -> None:
         with self._db_lock:
-            while self._engines:
-                self._engines.popitem()[1].dispose()
+            self._close_engines_locked()
 
     def wipe(self) -> None:  # the stock wipe deletes the run databases' files
         self._close_engines()
@@ -116,8 +136,30 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         super().upgrade()
 
     def dispose(self) -> None:
+        super().dispose()  # the file watcher first: a running callback may still read
         self._close_engines()
-        super().dispose()
+
+
+#: Every pooled event log of this process, for the fork hooks below.
+_LIVE: weakref.WeakSet[PooledSqliteEventLogStorage] = weakref.WeakSet()
+_HELD: list[PooledSqliteEventLogStorage] = []
+
+
+def _before_fork() -> None:
+    """Close every kept connection before ``fork`` (SQLite: an open connection must not be
+    carried into a child); each storage's lock is held until the fork is done."""
+    for storage in list(_LIVE):
+        storage._db_lock.acquire()
+        _HELD.append(storage)
+        storage._close_engines_locked()
+
+
+def _after_fork() -> None:
+    while _HELD:
+        _HELD.pop()._db_lock.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
 
 
 def _checkpoint_each_commit(dbapi_connection, _record) -> None:
@@ -142,8 +184,3 @@ class PooledSqliteStorage(DagsterSqliteStorage):
     @classmethod
     def from_config_value(cls, inst_data, config_value) -> PooledSqliteStorage:  # noqa: D102
         return cls.from_local(inst_data=inst_data, **config_value)
-
-    @property
-    def event_storage_data(self) -> ConfigurableClassData:  # noqa: D102
-        return ConfigurableClassData(__name__, PooledSqliteEventLogStorage.__name__,
-                                     yaml.dump({"base_dir": _event_logs_directory(self.base_dir)}, default_flow_style=False))

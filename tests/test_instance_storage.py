@@ -31,6 +31,7 @@ def _open_run_databases(base_dir: Path) -> set[str]:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
+        target = target.removesuffix(" (deleted)")
         if target.startswith(str(base_dir)) and target.endswith(".db") and not target.endswith("index.db"):
             found.add(Path(target).stem)
     return found
@@ -150,58 +151,108 @@ def test_wipe_closes_and_deletes_the_run_databases_then_writes_again(tmp_path):
     storage.dispose()
 
 
-def _child_writes(base: str, run_id: str, n: int) -> None:
+def _integrity(db: Path) -> str:
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        return c.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def test_a_wipe_by_another_process_fails_as_it_does_with_the_stock_storage(tmp_path):
+    """A run database deleted under a kept connection (``wipe`` elsewhere) is not written
+    to a deleted file: the next write fails exactly as the stock storage's does."""
+    import sqlalchemy as sa
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
     from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
 
-    storage = _INHERITED if _INHERITED is not None else PooledSqliteEventLogStorage(base)
+    outcomes = {}
+    for cls in (SqliteEventLogStorage, PooledSqliteEventLogStorage):
+        base = tmp_path / cls.__name__
+        writer, other = cls(str(base)), SqliteEventLogStorage(str(base))
+        writer.store_event(_entry("run-x", "before"))
+        other.wipe()
+        try:
+            writer.store_event(_entry("run-x", "after"))
+            outcomes[cls.__name__] = [r.event_log_entry.user_message for r in other.get_records_for_run("run-x").records]
+        except sa.exc.OperationalError as e:
+            outcomes[cls.__name__] = str(e.orig)
+        writer.dispose()
+    assert outcomes["PooledSqliteEventLogStorage"] == outcomes["SqliteEventLogStorage"] == "no such table: event_logs"
+
+
+def _forked_child(base: str, run_id: str, n: int, go) -> None:
+    db = os.path.join(base, f"{run_id}.db")
+    inherited = [fd for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == db]
+    go.set()
     for i in range(n):
-        storage.store_event(_entry(run_id, f"{run_id}-{i}"))
-    if _INHERITED is not None:  # SQLite: a connection must not be used across fork; the child opened its own
-        db = os.path.join(base, f"{run_id}.db")
-        fds = [fd for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == db]
-        os._exit(0 if len(fds) >= 2 else 3)  # the parent's (inherited, left alone) and its own
+        _INHERITED.store_event(_entry(run_id, f"child-{i}"))
+    os._exit(3 if inherited else 0)  # SQLite: no connection may be carried across fork
 
 
 _INHERITED = None
 
 
-def test_a_forked_child_and_its_parent_write_through_their_own_connections(tmp_path):
-    """A storage inherited by ``fork`` (with the parent's connections open) opens its own."""
+def test_a_forked_child_and_its_parent_write_one_run_at_once_without_loss(tmp_path):
+    """Fork while connections are kept: the child inherits none open, and parent and child
+    then write the same run database at once (the parent closing and reopening its
+    connections midway) with every row kept and the database intact."""
     global _INHERITED
     from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
 
     base = tmp_path / "runs"
     _INHERITED = storage = PooledSqliteEventLogStorage(str(base))
     try:
-        storage.store_event(_entry("run-f", "parent-0"))
-        child = multiprocessing.get_context("fork").Process(target=_child_writes, args=(str(base), "run-f", 5))
+        storage.store_event(_entry("run-f", "parent-start"))
+        ctx = multiprocessing.get_context("fork")
+        go = ctx.Event()
+        child = ctx.Process(target=_forked_child, args=(str(base), "run-f", 200, go))
         child.start()
-        child.join(60)
+        assert go.wait(60)
+        for i in range(200):
+            storage.store_event(_entry("run-f", f"parent-{i}"))
+            if i == 100:
+                storage.dispose()  # the parent's connections close while the child writes
+        child.join(120)
         assert child.exitcode == 0
-        storage.store_event(_entry("run-f", "parent-1"))
         messages = [r.event_log_entry.user_message for r in storage.get_records_for_run("run-f").records]
-        assert messages == ["parent-0"] + [f"run-f-{i}" for i in range(5)] + ["parent-1"]
+        assert len(messages) == 401 and sorted(messages) == sorted(
+            ["parent-start"] + [f"parent-{i}" for i in range(200)] + [f"child-{i}" for i in range(200)])
+        storage.dispose()
+        assert _integrity(base / "run-f.db") == "ok"
     finally:
         _INHERITED = None
         storage.dispose()
 
 
-def test_two_processes_write_one_home_at_once(tmp_path):
-    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+def _instance_writes(home: str, asset: str, n: int) -> None:
+    from dagster import AssetKey, AssetMaterialization, DagsterInstance
 
-    base = tmp_path / "runs"
-    PooledSqliteEventLogStorage(str(base)).dispose()  # the index database exists first, as in a home
+    os.environ["DAGSTER_HOME"] = home
+    with DagsterInstance.get() as instance:
+        for i in range(n):
+            instance.report_runless_asset_event(AssetMaterialization(AssetKey(asset), metadata={"i": i}))
+
+
+def test_two_processes_write_one_homes_index_at_once(tmp_path):
+    """Asset events go to the cross-run index database both processes keep open."""
+    from dagster import AssetKey, DagsterInstance
+
+    write_instance_config(tmp_path)
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get():
+        pass  # the home's databases exist before the writers start, as for megacpp run's workers
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_child_writes, args=(str(base), f"run-{p}", 150)) for p in "xy"]
+    procs = [ctx.Process(target=_instance_writes, args=(str(tmp_path), a, 150)) for a in ("x", "y")]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
+        p.join(180)
     assert [p.exitcode for p in procs] == [0, 0]
-    storage = PooledSqliteEventLogStorage(str(base))
-    for p in "xy":
-        assert len(storage.get_records_for_run(f"run-{p}").records) == 150
-    storage.dispose()
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as instance:
+        for a in ("x", "y"):
+            records = instance.fetch_materializations(AssetKey(a), limit=1000).records
+            assert sorted(r.asset_materialization.metadata["i"].value for r in records) == list(range(150))
+    assert _integrity(tmp_path / "history" / "runs" / "index.db") == "ok"
 
 
 def test_the_cli_writes_its_config_upgrades_its_earlier_one_and_keeps_a_users(tmp_path):
