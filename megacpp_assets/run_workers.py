@@ -76,6 +76,11 @@ def _init(factory: Callable, args: tuple, queue) -> None:
     _WORKER = factory(*args)
 
 
+def _ready() -> int:
+    """A no-op unit: its process has started and built its state."""
+    return os.getpid()
+
+
 def _call(method: str, *args):
     try:
         return getattr(_WORKER, method)(*args)
@@ -86,7 +91,12 @@ def _call(method: str, *args):
 
 class WorkerPool:
     """``n`` spawned processes, each holding ``factory(*args)``; :meth:`run_units` calls its
-    methods for units of work. Use as a context manager (the workers end on exit)."""
+    methods for units of work. Use as a context manager (the workers end on exit).
+
+    Processes start when units are first submitted, or at once with :meth:`start`: a pool
+    started while other work runs (``megacpp run`` starts the next pass's workers while
+    the snapshot steps of a pass run) has imported and built its state by the time its
+    first unit comes."""
 
     def __init__(self, n: int, factory: Callable, args: tuple):
         ctx = multiprocessing.get_context("spawn")
@@ -106,6 +116,12 @@ class WorkerPool:
             out = sys.stdout if stream == "out" else sys.stderr
             out.write(text)
             out.flush()
+
+    def start(self) -> "WorkerPool":
+        """Start all ``n`` processes now (one no-op unit each, submitted before any
+        process is idle, so the executor spawns one process per unit); returns self."""
+        self._ready = [self._pool.submit(_ready) for _ in range(self.n)]
+        return self
 
     def run_units(self, units: Iterable[tuple[str, tuple]],
                   done: Callable[[str, tuple, object], tuple[bool, list[tuple[str, tuple]]]]) -> bool:

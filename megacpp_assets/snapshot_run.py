@@ -2,13 +2,16 @@
 
 Per pass (:func:`megacpp_core.stages.phases`): for every revision its ``early`` assets
 (one ``revision_job`` run), its shards (one ``shard_job`` run per out-of-date shard), its
-``late`` assets; then the snapshot assets of the pass (one ``snapshot_job`` run). These
+``late`` assets; then the snapshot assets of the pass. These
 units depend only on their own revision (:class:`PassUnits`), so with ``workers`` > 1 they
 run on worker processes (:class:`megacpp_assets.run_workers.WorkerPool`) as soon as their
 revision allows — the shards of one large revision spread over every worker — each
-worker opening the same Dagster instance; the snapshot steps run in the calling process
-once every unit of the pass is done. Outputs do not depend on the number of workers or on
-the order units finish in (``tests/test_shards.py``).
+worker opening the same Dagster instance. Once every unit of the pass is done, its
+snapshot steps run in the calling process (one ``snapshot_job`` run), except those of
+the last pass with more than one worker: they run on the pass's workers as groups that do
+not depend on each other at once (:class:`SnapshotUnits`, one ``snapshot_job`` run per
+group; :func:`run_passes`). Outputs do not depend on the number of workers or on the
+order units finish in (``tests/test_shards.py``).
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from megacpp_assets import freshness
 from megacpp_assets.factory import CARD_CODE_VERSION, LatestMaterializations, group_step_name, register_shards
 from megacpp_core import layout
 from megacpp_core.stage import Partition
-from megacpp_core.stages import phases, sinks, step_groups
+from megacpp_core.stages import phases, sinks, snapshot_groups, step_groups
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+#: The dataset card's asset: a snapshot step of the last pass, after every other.
+CARD = "dataset_card"
 
 
 class SnapshotRun:
@@ -134,31 +139,76 @@ class SnapshotRun:
 
     # -- the snapshot steps of a pass (the calling process) ------------------------------
 
-    def snapshot(self, n: int) -> bool:
-        """The snapshot assets of pass ``n`` that are out of date (the card after the last pass)."""
+    def snapshot_plan(self, n: int) -> list[str]:
+        """The snapshot assets of pass ``n`` that are out of date (the card after the last
+        pass), printed; ``[]`` when every one is current."""
         ph = self.passes[n - 1]
         name = self.manifest.name
         assets = [s.asset for s in ph.snapshot]
         extra = {}
         if n == len(self.passes):
-            assets.append("dataset_card")
+            assets.append(CARD)
             finals = [s.asset for s in sinks(self.stages)]
-            extra = {"dataset_card": (CARD_CODE_VERSION, finals, lambda: self.root.exists(layout.card_key(name)))}
+            extra = {CARD: (CARD_CODE_VERSION, finals, lambda: self.root.exists(layout.card_key(name)))}
         if not assets:
-            return True
+            return []
         plan = assets if self.rerun else [x.asset for x in freshness.plan(self.instance, self.stages, self.root,
                                                                           self.manifest, Partition(name), extra,
                                                                           latest=self.latest)
                                           if x.asset in assets]
         if not plan:
             print(f"[snapshot] {name}: {', '.join(assets)} current; skipped")
-            return True
+            return []
         print(f"[snapshot] {name}: " + " → ".join(plan), flush=True)
+        return plan
+
+    def snapshot_group(self, n: int, assets: tuple[str, ...]) -> bool:
+        """One ``snapshot_job`` run of ``assets`` (of pass ``n``; a group of
+        :class:`SnapshotUnits`, or the whole plan in one process)."""
+        name = self.manifest.name
         result = self.snapshot_job.execute_in_process(instance=self.instance, partition_key=name, run_config=QUIET,
-                                                      raise_on_error=False, asset_selection=[AssetKey(a) for a in plan])
+                                                      raise_on_error=False, asset_selection=[AssetKey(a) for a in assets])
         if not result.success:
             report_failure(result, name)
         return result.success
+
+    def snapshot(self, n: int) -> bool:
+        """The out-of-date snapshot assets of pass ``n`` in one run in this process."""
+        plan = self.snapshot_plan(n)
+        return not plan or self.snapshot_group(n, tuple(plan))
+
+
+class SnapshotUnits:
+    """The planned snapshot assets of pass ``n`` as units a worker runs, one
+    ``snapshot_job`` run per group of :func:`megacpp_core.stages.snapshot_groups`: a group
+    starts once the groups it reads from are done, so no snapshot step waits for one it
+    does not depend on (``p3_repo_dataset`` no longer waits for ``p2_file_dataset``); the
+    dataset card runs last, after every group."""
+
+    def __init__(self, run: SnapshotRun, n: int, plan: list[str]):
+        self.n = n
+        groups = snapshot_groups([a for a in plan if a != CARD], run.stages)
+        self.groups = [(g.assets, set(g.after)) for g in groups]
+        if CARD in plan:
+            self.groups.append(((CARD,), set(range(len(groups)))))
+        self._started: set[int] = set()
+        self._done: set[int] = set()
+
+    def _release(self) -> list[tuple]:
+        out = [i for i, (_, after) in enumerate(self.groups) if i not in self._started and after <= self._done]
+        self._started.update(out)
+        return [("snapshot_group", (self.n, self.groups[i][0])) for i in out]
+
+    def first(self) -> list[tuple]:
+        """The groups that can start now."""
+        return self._release()
+
+    def done(self, method: str, args: tuple, result) -> tuple[bool, list[tuple]]:
+        """``(ok, units released)`` after the run of group ``args[1]`` returned ``result``."""
+        if not result:
+            return False, []
+        self._done.add(next(i for i, (assets, _) in enumerate(self.groups) if assets == args[1]))
+        return True, self._release()
 
 
 class PassUnits:
@@ -239,37 +289,63 @@ def _run_in_process(run: SnapshotRun, units: PassUnits) -> bool:
 
 
 def run_passes(run: SnapshotRun, workers: int) -> bool:
-    """Every pass of ``run``: its units (:class:`PassUnits`) on ``workers`` processes (1:
-    this one), then the snapshot steps here. False at the first failure (printed).
+    """Every pass of ``run``: its units (:class:`PassUnits`), then its snapshot steps. False
+    at the first failure (printed).
 
-    Each pass gets fresh workers, shut down before its snapshot steps start: what a worker
-    loaded for one pass (ScanCode's license index in pass 1) is not carried into the next,
-    and no idle worker holds memory while the snapshot steps run here."""
-    from contextlib import nullcontext
-
+    With one worker, all in this process, one after another (a pass's snapshot steps in
+    one run). With more, each pass's units run on a pool of ``workers`` fresh processes
+    (:class:`WorkerPool`), so what a worker loaded for one pass (ScanCode's license index
+    in pass 1) is never carried into the next. A pass followed by another ends its pool
+    and starts the next one (:meth:`WorkerPool.start`) before its snapshot steps run here,
+    in one run: the new workers' start-up (imports, the definitions, the instance: a few
+    seconds a process) overlaps those steps (the tokenizer's training, one thread) instead
+    of following them. The last pass keeps its pool for its snapshot steps, which run
+    there as :class:`SnapshotUnits` (groups that do not depend on each other at once, the
+    card last); its workers carry nothing into a later pass."""
     from .run_workers import WorkerPool
 
     if workers > 1 and run.instance.is_ephemeral:
         print("megacpp run: an ephemeral Dagster instance cannot be shared with workers; running with 1",
               file=sys.stderr)
         workers = 1
-    for n, ph in enumerate(run.passes, 1):
-        if len(run.passes) > 1:
-            print(f"pass {n}/{len(run.passes)}: {', '.join(s.name for s in ph.stages)}", flush=True)
-        t = time.perf_counter()
-        units = run.pass_units(n)
-        pool = (WorkerPool(workers, SnapshotRun.in_worker,
-                           (str(run.manifest.path), run.root.url, run.instance.get_ref(), run.rerun, run.stages_arg))
-                if workers > 1 else nullcontext())
-        with pool:
-            ok = pool.run_units(units.first(), units.done) if workers > 1 else _run_in_process(run, units)
-        if not ok:
-            return False
-        if workers > 1:
+    if workers == 1:
+        for n, ph in enumerate(run.passes, 1):
+            _say_pass(run, n, ph)
+            if not _run_in_process(run, run.pass_units(n)) or not run.snapshot(n):
+                return False
+        return True
+    args = (str(run.manifest.path), run.root.url, run.instance.get_ref(), run.rerun, run.stages_arg)
+    pool = WorkerPool(workers, SnapshotRun.in_worker, args).start()
+    try:
+        for n, ph in enumerate(run.passes, 1):
+            _say_pass(run, n, ph)
+            t = time.perf_counter()
+            units = run.pass_units(n)
+            if not pool.run_units(units.first(), units.done):
+                return False
             print(f"pass {n}: revisions and shards on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
-        if not run.snapshot(n):
-            return False
-    return True
+            if n < len(run.passes):
+                pool.__exit__(None, None, None)
+                pool = WorkerPool(workers, SnapshotRun.in_worker, args).start()
+                if not run.snapshot(n):
+                    return False
+                continue
+            plan = run.snapshot_plan(n)
+            if plan:
+                t = time.perf_counter()
+                steps = SnapshotUnits(run, n, plan)
+                if not pool.run_units(steps.first(), steps.done):
+                    return False
+                print(f"pass {n}: snapshot steps in {len(steps.groups)} runs on {workers} workers in "
+                      f"{time.perf_counter() - t:.1f}s", flush=True)
+        return True
+    finally:
+        pool.__exit__(None, None, None)
+
+
+def _say_pass(run: SnapshotRun, n: int, ph) -> None:
+    if len(run.passes) > 1:
+        print(f"pass {n}/{len(run.passes)}: {', '.join(s.name for s in ph.stages)}", flush=True)
 
 
 def failed_asset(result, step_key: str, requested: list[tuple[str, str]]) -> str | None:

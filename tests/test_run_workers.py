@@ -72,3 +72,56 @@ def test_workers_must_be_positive(capsys):
         main(["run", "--corpus", "tiny", "--workers", "0"])
     assert e.value.code == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+
+
+class _PidWorker:
+    """A worker state for the pool test: reports its process."""
+
+    def pid(self, i: int) -> tuple[int, int]:
+        return i, os.getpid()
+
+
+def test_a_started_pool_has_every_worker_up_before_its_first_unit():
+    """:meth:`WorkerPool.start` spawns all N processes at once (``megacpp run`` starts the
+    next pass's pool while a pass's snapshot steps run); the units then run on them."""
+    import multiprocessing
+
+    from megacpp_assets.run_workers import WorkerPool
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    with WorkerPool(2, _PidWorker, ()).start() as pool:
+        started = {p.pid for p in multiprocessing.active_children()} - before
+        assert len(started) == 2
+        got = []
+        assert pool.run_units([("pid", (i,)) for i in range(4)], lambda m, a, r: (got.append(r), (True, []))[1])
+        assert sorted(i for i, _ in got) == [0, 1, 2, 3] and {p for _, p in got} <= started
+
+
+def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure():
+    """The last pass's snapshot steps as units: the groups that read nothing planned start
+    first, a group starts once those it reads from are done, the card after every group,
+    and a failed group releases nothing (the workers then start no further unit)."""
+    import types
+
+    from megacpp_assets.snapshot_run import CARD, SnapshotUnits
+    from megacpp_core.stages import STAGES, phases
+
+    run = types.SimpleNamespace(stages=STAGES)
+    plan = [s.asset for s in phases()[1].snapshot] + [CARD]
+    u = SnapshotUnits(run, 2, plan)
+    names = lambda units: sorted(a for _, (_, assets) in units for a in assets)  # noqa: E731
+    first = u.first()
+    assert names(first) == ["chunk_dedup", "p2_file_dataset", "p3_repo_dataset", "p4_structure_dataset"]
+    ok, more = u.done("snapshot_group", (2, ("chunk_dedup",)), True)
+    assert ok and names(more) == ["megatron_dataset", "p1_docrich_dataset", "p1_simple_dataset", "packed_rows"]
+    for g in (("p2_file_dataset",), ("p3_repo_dataset",), ("p4_structure_dataset",), ("p1_simple_dataset",)):
+        assert u.done("snapshot_group", (2, g), True) == (True, [])
+    ok, more = u.done("snapshot_group", (2, ("p1_docrich_dataset",)), True)
+    assert ok and names(more) == ["blends"]
+    assert u.done("snapshot_group", (2, ("blends",)), True) == (True, [])
+    ok, more = u.done("snapshot_group", (2, ("packed_rows", "megatron_dataset")), True)
+    assert ok and more == [("snapshot_group", (2, (CARD,)))]
+    # a failure releases nothing
+    u = SnapshotUnits(run, 2, plan)
+    u.first()
+    assert u.done("snapshot_group", (2, ("chunk_dedup",)), False) == (False, [])

@@ -108,8 +108,8 @@ SMALL_SHARDS = 150_000  # bytes: tiny's revisions split into 3 to 20 shards
 GROUP_TOKENS = 120_000  # tokens: tiny's ~0.5 M tokens pack in about four groups
 
 
-#: What the many-shard run did, in order: ("pool", n) when a pass's worker pool ends,
-#: ("snapshot", n) when the snapshot steps of pass n start.
+#: What the many-shard run did, in order: ("start", k) when the k-th worker pool starts its
+#: processes, ("pool", k) when it ends, ("snapshot", n) when the snapshot steps of pass n are planned.
 RUN_EVENTS: list[tuple[str, int]] = []
 
 
@@ -125,19 +125,23 @@ def many_shards(tmp_path_factory):
     from megacpp_assets.snapshot_run import SnapshotRun
 
     class RecordingPool(run_workers.WorkerPool):
+        def start(self):
+            RUN_EVENTS.append(("start", sum(1 for e in RUN_EVENTS if e[0] == "start") + 1))
+            return super().start()
+
         def __exit__(self, *exc):
             super().__exit__(*exc)
             RUN_EVENTS.append(("pool", sum(1 for e in RUN_EVENTS if e[0] == "pool") + 1))
 
-    original = SnapshotRun.snapshot
+    original = SnapshotRun.snapshot_plan
 
-    def snapshot(self, n):
+    def snapshot_plan(self, n):
         RUN_EVENTS.append(("snapshot", n))
         return original(self, n)
 
     patch = pytest.MonkeyPatch()
     patch.setattr(run_workers, "WorkerPool", RecordingPool)
-    patch.setattr(SnapshotRun, "snapshot", snapshot)
+    patch.setattr(SnapshotRun, "snapshot_plan", snapshot_plan)
 
     manifest = yaml.safe_load((ROOT / "corpora" / "tiny.yaml").read_text())
     manifest.setdefault("settings", {})["shard_bytes"] = SMALL_SHARDS
@@ -237,9 +241,35 @@ def test_many_shards_give_the_same_documents_and_byte_identical_rows(tiny_run, m
 
 
 def test_each_pass_has_fresh_workers_that_end_before_its_snapshot_steps(many_shards):
-    """Pass 1's workers (ScanCode's index loaded) are not kept into pass 2, and no worker
-    holds memory while the snapshot steps run in the calling process."""
-    assert RUN_EVENTS == [("pool", 1), ("snapshot", 1), ("pool", 2), ("snapshot", 2)]
+    """Pass 1's workers (ScanCode's index loaded) end before its snapshot steps, and pass
+    2's workers are started before those steps run (their start-up overlaps the
+    tokenizer's training); the last pass's snapshot steps run on its own workers."""
+    assert RUN_EVENTS == [("start", 1), ("pool", 1), ("start", 2), ("snapshot", 1), ("snapshot", 2), ("pool", 2)]
+
+
+def test_the_last_snapshot_steps_run_as_groups_that_wait_only_for_what_they_read(many_shards):
+    """With 2 workers the snapshot steps of the last pass are one ``snapshot_job`` run per
+    group of :func:`megacpp_core.stages.snapshot_groups` (the card a run of its own, last),
+    each started after the runs of the groups it reads from ended; pass 1's are one run."""
+    from dagster import AssetKey, DagsterRunStatus, RunsFilter
+
+    from megacpp_core.stages import phases, snapshot_groups
+
+    _, instance = many_shards
+    runs = instance.get_run_records(filters=RunsFilter(job_name="snapshot_job", tags={"dagster/partition": "tiny"}))
+    assert all(r.dagster_run.status == DagsterRunStatus.SUCCESS for r in runs)
+    by_selection = {frozenset(k.path[-1] for k in r.dagster_run.asset_selection): r for r in runs}
+    first, last = phases()
+    groups = snapshot_groups([s.asset for s in last.snapshot])
+    wanted = [frozenset(s.asset for s in first.snapshot)] + [frozenset(g.assets) for g in groups] + [
+        frozenset({"dataset_card"})]
+    assert sorted(map(sorted, by_selection)) == sorted(map(sorted, wanted)) and len(runs) == len(wanted)
+    for g in groups:
+        for j in g.after:
+            assert by_selection[frozenset(groups[j].assets)].end_time <= by_selection[frozenset(g.assets)].start_time
+    card = by_selection[frozenset({"dataset_card"})]
+    assert all(r.end_time <= card.start_time for r in runs if r is not card)
+    assert AssetKey("dataset_card") in card.dagster_run.asset_selection
 
 
 def test_a_shard_beyond_the_revision_count_is_empty_and_writes_nothing(many_shards):

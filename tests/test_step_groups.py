@@ -191,3 +191,60 @@ def test_the_materialization_index_agrees_with_one_query_per_partition(tiny_run)
             want = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(s.asset), asset_partitions=[p]),
                                                    limit=1).records[0].asset_materialization
             assert got[p] == want == once.get(s.asset, p), (s.asset, p)
+
+
+def _groups(planned):
+    from megacpp_core.stages import snapshot_groups
+
+    return [(g.assets, sorted(g.after)) for g in snapshot_groups(planned)]
+
+
+def test_snapshot_groups_wait_only_for_what_they_read():
+    """The snapshot steps of a pass as groups (``megacpp run`` runs groups that do not
+    depend on each other at once): each group waits only for the groups it reads from, a
+    chain stays one group, and every group comes after the groups it waits for."""
+    from megacpp_core.stages import producers, snapshot_groups
+
+    second = [s.asset for s in phases()[1].snapshot]
+    assert _groups(second) == [
+        (("chunk_dedup",), []),
+        (("packed_rows", "megatron_dataset"), [0]),
+        (("p1_simple_dataset",), [0]),
+        (("p1_docrich_dataset",), [0]),
+        (("p2_file_dataset",), []),
+        (("p3_repo_dataset",), []),
+        (("p4_structure_dataset",), []),
+        (("blends",), [2, 3, 4, 5, 6]),
+    ]
+    first = [s.asset for s in phases()[0].snapshot]
+    assert _groups(first) == [(("lsh_bands_00_07",), []), (("lsh_bands_07_14",), []),
+                              (("dedup_decisions", "tokenizer"), [0, 1])]
+    # every dependency among planned stages is kept (directly or through an earlier group)
+    prod = producers()
+    for planned in (second, first, second[3:], ["p2_file_dataset", "blends"]):
+        groups = snapshot_groups(planned)
+        where = {a: i for i, g in enumerate(groups) for a in g.assets}
+        for i, g in enumerate(groups):
+            assert all(j < i for j in g.after)
+        for a in planned:
+            stage = next(s for s in STAGES if s.asset == a)
+            for d in stage.inputs:
+                up = prod[d.name].asset
+                if up in where and where[up] != where[a]:
+                    seen, todo = set(), [where[a]]
+                    while todo:
+                        k = todo.pop()
+                        seen |= set(groups[k].after)
+                        todo += list(groups[k].after)
+                    assert where[up] in seen, (a, up)
+
+
+def test_snapshot_groups_of_a_partial_plan_and_a_wrong_name():
+    """An asset that is current is not waited for: the format step of a plan without the
+    packed rows waits for the chunk dedup alone, and joins its group; a blend whose
+    families are current starts at once. A name that is not a snapshot asset is refused."""
+    assert _groups(["chunk_dedup", "megatron_dataset"]) == [(("chunk_dedup", "megatron_dataset"), [])]
+    assert _groups(["blends"]) == [(("blends",), [])]
+    assert _groups([]) == []
+    with pytest.raises(KeyError, match="chunked_documents"):
+        _groups(["chunked_documents"])

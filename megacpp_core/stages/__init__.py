@@ -143,6 +143,64 @@ def step_groups(stages: tuple[Stage, ...] = STAGES) -> list[tuple[Stage, ...]]:
     return sorted(out, key=lambda g: order[g[0].name])
 
 
+@dataclasses.dataclass(frozen=True)
+class SnapshotGroup:
+    """Snapshot assets that run one after another in one run (``assets``, in registry
+    order), once every group in ``after`` (indices into the list of groups) is done."""
+
+    assets: tuple[str, ...]
+    after: frozenset[int]
+
+
+def snapshot_groups(planned, stages: tuple[Stage, ...] = STAGES) -> list[SnapshotGroup]:
+    """The snapshot stages named in ``planned`` (asset names; the out-of-date snapshot
+    assets of one pass) as groups that may run at once, each waiting only for the groups
+    it reads from: the dependency graph among them (through any snapshot stage, planned
+    or not), transitively reduced, with each chain — a stage whose one reduced
+    predecessor has it as its one reduced successor — kept in one group. Groups are in
+    registry order, so each group's ``after`` names only earlier groups.
+
+    On ``default``'s second pass: ``chunk_dedup``; ``packed_rows → megatron_dataset``
+    (after ``chunk_dedup``); ``p1_simple_dataset`` and ``p1_docrich_dataset`` (after it);
+    ``p2_file_dataset``, ``p3_repo_dataset``, ``p4_structure_dataset`` (at once, from the
+    start); ``blends`` (after the four families). Raises ``KeyError`` for a name that is
+    not a snapshot stage's asset."""
+    snap = [s for s in stages if s.partitioning is Partitioning.SNAPSHOT]
+    by_asset = {s.asset: s for s in snap}
+    for a in planned:
+        if a not in by_asset:
+            raise KeyError(f"{a!r} is not a snapshot stage's asset")
+    prod = producers(stages)
+    upstream: dict[str, set[str]] = {}  # every snapshot stage each one reads, transitively
+    for s in snap:  # registry order is topological
+        ups: set[str] = set()
+        for d in s.inputs:
+            p = prod[d.name]
+            if p.partitioning is Partitioning.SNAPSHOT:
+                ups |= {p.asset} | upstream[p.asset]
+        upstream[s.asset] = ups
+    order = [s.asset for s in snap if s.asset in set(planned)]
+    preds = {a: {b for b in upstream[a] if b in order} for a in order}
+    reduced = {a: {b for b in ps if not any(b in upstream[c] for c in ps if c != b)} for a, ps in preds.items()}
+    succs: dict[str, set[str]] = {a: set() for a in order}
+    for a, ps in reduced.items():
+        for b in ps:
+            succs[b].add(a)
+    group_of: dict[str, int] = {}
+    chains: list[list[str]] = []
+    for a in order:
+        ps = reduced[a]
+        if len(ps) == 1 and len(succs[next(iter(ps))]) == 1:
+            g = group_of[next(iter(ps))]
+            chains[g].append(a)
+        else:
+            g = len(chains)
+            chains.append([a])
+        group_of[a] = g
+    return [SnapshotGroup(tuple(c), frozenset(group_of[b] for a in c for b in reduced[a]) - {i})
+            for i, c in enumerate(chains)]
+
+
 def run(name: str, root, manifest, source: str | None = None, shard: str | None = None, **kwargs):
     """Run the stage ``name`` on the revision ``source`` (or the snapshot) of ``manifest``
     under the data root ``root`` (a :class:`~megacpp_core.storage.DataRoot`, path or URL):
