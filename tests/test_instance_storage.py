@@ -93,6 +93,80 @@ def test_what_it_writes_reads_back_through_dagsters_stock_storage(tmp_path):
         assert len(check) == 3 and all(c.status.value == "SUCCEEDED" for c in check)
 
 
+def _schema(path: Path) -> tuple:
+    import sqlite3
+
+    with sqlite3.connect(path) as c:
+        return (sorted(c.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall()),
+                c.execute("SELECT version_num FROM alembic_version").fetchall(),
+                c.execute("PRAGMA journal_mode").fetchall())
+
+
+def test_a_new_run_database_is_the_one_the_stock_storage_creates(tmp_path):
+    """A run database the pooled storage creates (its alembic scripts read once per process)
+    has the stock class's tables, indexes, alembic revision and WAL mode; one the stock
+    class created is opened as it is; a database with tables but no stamp is left to the
+    stock method."""
+    import sqlite3
+
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    base = tmp_path / "runs"
+    stock, pooled = SqliteEventLogStorage(str(base)), PooledSqliteEventLogStorage(str(base))
+    try:
+        stock.store_event(_entry("made-by-stock", "a"))
+        pooled.store_event(_entry("made-by-pooled", "b"))
+        pooled.store_event(_entry("made-by-pooled", "c"))
+        want = _schema(base / "made-by-stock.db")
+        assert want[1] and want[2] == [("wal",)]
+        assert _schema(base / "made-by-pooled.db") == want
+        pooled.store_event(_entry("made-by-stock", "d"))  # a stock database, written by the pooled class
+        assert [e.user_message for e in stock.get_logs_for_run("made-by-stock")] == ["a", "d"]
+        assert [e.user_message for e in stock.get_logs_for_run("made-by-pooled")] == ["b", "c"]
+        with sqlite3.connect(base / "unstamped.db") as c:  # tables, no alembic stamp: the stock rules apply
+            c.execute("CREATE TABLE other (x INTEGER)")
+        pooled.store_event(_entry("unstamped", "e"))
+        assert [e.user_message for e in stock.get_logs_for_run("unstamped")] == ["e"]
+        assert _schema(base / "unstamped.db")[1] == want[1]
+    finally:
+        stock.dispose()
+        pooled.dispose()
+
+
+def test_a_table_found_is_remembered_while_the_index_is_the_same_file(tmp_path, monkeypatch):
+    """``has_table`` answers as the stock class; a table it found is not looked up again
+    until the index database is replaced; a table not found is looked up each time."""
+    import shutil
+
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    base = tmp_path / "runs"
+    pooled = PooledSqliteEventLogStorage(str(base))
+    looked: list[str] = []
+    stock_has_table = SqliteEventLogStorage.has_table
+
+    def counting(self, name):
+        looked.append(name)
+        return stock_has_table(self, name)
+
+    monkeypatch.setattr(SqliteEventLogStorage, "has_table", counting)
+    try:
+        assert pooled.has_table("dynamic_partitions") and pooled.has_table("dynamic_partitions")
+        assert not pooled.has_table("no_such_table") and not pooled.has_table("no_such_table")
+        assert looked == ["dynamic_partitions", "no_such_table", "no_such_table"]
+        index = base / "index.db"
+        shutil.copy(index, base / "copy.db")
+        os.replace(base / "copy.db", index)  # another file under the same name
+        assert pooled.has_table("dynamic_partitions")
+        assert looked[-1] == "dynamic_partitions" and len(looked) == 4
+    finally:
+        pooled.dispose()
+
+
 def test_a_live_watch_on_the_run_sees_every_write(tmp_path):
     """``dagster dev`` follows a run by watching its ``.db`` file; each write through the
     kept connection must reach that file (checkpointed), as with the stock storage."""
