@@ -78,8 +78,8 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         #: shard -> (engine, (st_dev, st_ino) of its database file when opened)
         self._engines: OrderedDict[str, tuple[sa.Engine, tuple[int, int] | None]] = OrderedDict()
-        #: (the index database file's (st_dev, st_ino), the tables found in it)
-        self._tables_found: tuple[tuple[int, int] | None, frozenset[str]] = (None, frozenset())
+        #: (the index database file's (st_dev, st_ino, st_ctime_ns), the tables found in it)
+        self._tables_found: tuple[tuple[int, int, int] | None, frozenset[str]] = (None, frozenset())
         super().__init__(base_dir, inst_data=inst_data)
         _LIVE.add(self)
 
@@ -160,8 +160,14 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         while the index database is the same file: Dagster adds tables (``upgrade``, its
         migrations) and never drops one (``wipe`` deletes rows), and it asks for several
         tables per stored event (``store_event``: the partitions and asset-event tag
-        tables), which cost more than the write itself. A table not found is asked again."""
-        index = self._file_id(INDEX_SHARD_NAME)
+        tables). The file is known by device, inode and status-change time, so a file
+        put in its place (even on a reused inode) or changed by a checkpoint is asked
+        again; so is a table not found."""
+        try:
+            st = os.stat(self.path_for_shard(INDEX_SHARD_NAME))
+            index = (st.st_dev, st.st_ino, st.st_ctime_ns)  # ctime too: an inode number can be reused
+        except FileNotFoundError:
+            index = None
         opened, found = self._tables_found
         if opened == index and table_name in found:
             return True

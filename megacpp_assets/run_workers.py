@@ -1,5 +1,6 @@
 """Worker processes for ``megacpp run --workers N`` (SPEC §9): the per-revision work of a
-pass runs on N processes at once, the snapshot steps in the calling process.
+pass runs on N processes at once, and so do the snapshot steps of the last pass
+(:func:`megacpp_assets.snapshot_run.run_passes`).
 
 Each worker is a fresh (``spawn``) process that opens the same Dagster instance from its
 :class:`~dagster.InstanceRef` and executes its jobs in process, so the runs, their events
@@ -24,7 +25,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, ProcessPoolExecutor, wait
 
 #: Memory budget of one worker (bytes): the largest worker peak of ``megacpp run --corpus
 #: xl`` (2.2 GB in pass 1: ScanCode's index, 1.4 GB, kept while the worker runs the other
@@ -136,7 +137,13 @@ class WorkerPool:
         while pending or running:
             while ok and pending and len(running) < self.n:
                 method, args = pending.pop()
-                running[self._pool.submit(_call, method, *args)] = (method, args)
+                try:
+                    running[self._pool.submit(_call, method, *args)] = (method, args)
+                except BrokenExecutor as e:  # a started worker died before this unit (its start-up failed)
+                    print(f"megacpp run: worker failed before {method}{args}: {type(e).__name__}: {e}", file=sys.stderr)
+                    ok, pending = False, []
+            if not running:
+                break
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:
                 method, args = running.pop(fut)

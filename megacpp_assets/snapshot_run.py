@@ -301,7 +301,9 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
     seconds a process) overlaps those steps (the tokenizer's training, one thread) instead
     of following them. The last pass keeps its pool for its snapshot steps, which run
     there as :class:`SnapshotUnits` (groups that do not depend on each other at once, the
-    card last); its workers carry nothing into a later pass."""
+    card last); its workers carry nothing into a later pass. After a group fails no
+    further group starts; which independent groups had started by then depends on
+    timing (a single run in one process finishes them all)."""
     from .run_workers import WorkerPool
 
     if workers > 1 and run.instance.is_ephemeral:
@@ -315,8 +317,9 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
                 return False
         return True
     args = (str(run.manifest.path), run.root.url, run.instance.get_ref(), run.rerun, run.stages_arg)
-    pool = WorkerPool(workers, SnapshotRun.in_worker, args).start()
+    pool = WorkerPool(workers, SnapshotRun.in_worker, args)
     try:
+        pool.start()
         for n, ph in enumerate(run.passes, 1):
             _say_pass(run, n, ph)
             t = time.perf_counter()
@@ -326,7 +329,8 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
             print(f"pass {n}: revisions and shards on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
             if n < len(run.passes):
                 pool.__exit__(None, None, None)
-                pool = WorkerPool(workers, SnapshotRun.in_worker, args).start()
+                pool = WorkerPool(workers, SnapshotRun.in_worker, args)
+                pool.start()
                 if not run.snapshot(n):
                     return False
                 continue

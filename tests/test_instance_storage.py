@@ -102,7 +102,7 @@ def _schema(path: Path) -> tuple:
                 c.execute("PRAGMA journal_mode").fetchall())
 
 
-def test_a_new_run_database_is_the_one_the_stock_storage_creates(tmp_path):
+def test_a_new_run_database_is_the_one_the_stock_storage_creates(tmp_path, monkeypatch):
     """A run database the pooled storage creates (its alembic scripts read once per process)
     has the stock class's tables, indexes, alembic revision and WAL mode; one the stock
     class created is opened as it is; a database with tables but no stamp is left to the
@@ -115,6 +115,14 @@ def test_a_new_run_database_is_the_one_the_stock_storage_creates(tmp_path):
 
     base = tmp_path / "runs"
     stock, pooled = SqliteEventLogStorage(str(base)), PooledSqliteEventLogStorage(str(base))
+    stock_initdb, left_to_stock = SqliteEventLogStorage._initdb, []
+
+    def spy(self, engine, for_index_shard=False):
+        if self is pooled:  # the pooled class left this database to the stock method
+            left_to_stock.append(engine.url.database)
+        return stock_initdb(self, engine, for_index_shard)
+
+    monkeypatch.setattr(SqliteEventLogStorage, "_initdb", spy)
     try:
         stock.store_event(_entry("made-by-stock", "a"))
         pooled.store_event(_entry("made-by-pooled", "b"))
@@ -130,6 +138,8 @@ def test_a_new_run_database_is_the_one_the_stock_storage_creates(tmp_path):
         pooled.store_event(_entry("unstamped", "e"))
         assert [e.user_message for e in stock.get_logs_for_run("unstamped")] == ["e"]
         assert _schema(base / "unstamped.db")[1] == want[1]
+        made = [Path(p).stem for p in left_to_stock]
+        assert "unstamped" in made and "made-by-pooled" not in made and "made-by-stock" not in made
     finally:
         stock.dispose()
         pooled.dispose()

@@ -97,6 +97,25 @@ def test_a_started_pool_has_every_worker_up_before_its_first_unit():
         assert sorted(i for i, _ in got) == [0, 1, 2, 3] and {p for _, p in got} <= started
 
 
+class _BrokenWorker:
+    """A worker state whose start-up fails (the instance or the definitions cannot load)."""
+
+    def __init__(self):
+        raise RuntimeError("start-up broken on purpose")
+
+
+def test_a_started_pool_whose_workers_failed_to_start_fails_the_units_cleanly(capsys):
+    """A pool started early whose workers died in their start-up: the first unit is not
+    run, the failure is printed and ``run_units`` returns False (no traceback escapes)."""
+    from megacpp_assets.run_workers import WorkerPool
+
+    with WorkerPool(2, _BrokenWorker, ()).start() as pool:
+        for f in pool._ready:
+            f.exception(timeout=120)  # the start-up has failed
+        assert not pool.run_units([("pid", (0,))], lambda m, a, r: (True, []))
+    assert "megacpp run: worker failed" in capsys.readouterr().err
+
+
 def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure():
     """The last pass's snapshot steps as units: the groups that read nothing planned start
     first, a group starts once those it reads from are done, the card after every group,

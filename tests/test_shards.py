@@ -240,7 +240,7 @@ def test_many_shards_give_the_same_documents_and_byte_identical_rows(tiny_run, m
     assert gate.figures["rows"] > 0
 
 
-def test_each_pass_has_fresh_workers_that_end_before_its_snapshot_steps(many_shards):
+def test_each_pass_has_fresh_workers_and_pass_1s_end_before_its_snapshot_steps(many_shards):
     """Pass 1's workers (ScanCode's index loaded) end before its snapshot steps, and pass
     2's workers are started before those steps run (their start-up overlaps the
     tokenizer's training); the last pass's snapshot steps run on its own workers."""

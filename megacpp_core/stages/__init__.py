@@ -163,7 +163,7 @@ def snapshot_groups(planned, stages: tuple[Stage, ...] = STAGES) -> list[Snapsho
     On ``default``'s second pass: ``chunk_dedup``; ``packed_rows → megatron_dataset``
     (after ``chunk_dedup``); ``p1_simple_dataset`` and ``p1_docrich_dataset`` (after it);
     ``p2_file_dataset``, ``p3_repo_dataset``, ``p4_structure_dataset`` (at once, from the
-    start); ``blends`` (after the four families). Raises ``KeyError`` for a name that is
+    start); ``blends`` (after the five family datasets). Raises ``KeyError`` for a name that is
     not a snapshot stage's asset."""
     snap = [s for s in stages if s.partitioning is Partitioning.SNAPSHOT]
     by_asset = {s.asset: s for s in snap}
