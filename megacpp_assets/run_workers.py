@@ -158,6 +158,13 @@ class WorkerPool:
                 pending = []
         return ok
 
+    def release(self) -> None:
+        """Tell the workers to end without waiting for them: each finishes its interpreter
+        shut-down (a second or so for a worker holding ScanCode's index) in the background
+        while the caller goes on; :meth:`__exit__` later waits for them. Call with no unit
+        running (after :meth:`run_units`)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
     def __enter__(self) -> "WorkerPool":
         return self
 

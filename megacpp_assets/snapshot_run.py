@@ -297,9 +297,9 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
     (:class:`WorkerPool`), so what a worker loaded for one pass (ScanCode's license index
     in pass 1) is never carried into the next. A pass followed by another ends its pool
     and starts the next one (:meth:`WorkerPool.start`) before its snapshot steps run here,
-    in one run: the new workers' start-up (imports, the definitions, the instance: a few
-    seconds a process) overlaps those steps (the tokenizer's training, one thread) instead
-    of following them. The last pass keeps its pool for its snapshot steps, which run
+    in one run: the ended workers' shut-down and the new workers' start-up (imports, the
+    definitions, the instance: a few seconds a process) overlap those steps (the
+    tokenizer's training, one thread) instead of preceding or following them. The last pass keeps its pool for its snapshot steps, which run
     there as :class:`SnapshotUnits` (groups that do not depend on each other at once, the
     card last); its workers carry nothing into a later pass. After a group fails no
     further group starts; which independent groups had started by then depends on
@@ -328,11 +328,14 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
                 return False
             print(f"pass {n}: revisions and shards on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
             if n < len(run.passes):
-                pool.__exit__(None, None, None)
-                pool = WorkerPool(workers, SnapshotRun.in_worker, args)
-                pool.start()
-                if not run.snapshot(n):
-                    return False
+                ended, pool = pool, WorkerPool(workers, SnapshotRun.in_worker, args)
+                ended.release()  # its workers end in the background (interpreter shut-down)
+                try:
+                    pool.start()
+                    if not run.snapshot(n):
+                        return False
+                finally:
+                    ended.__exit__(None, None, None)
                 continue
             plan = run.snapshot_plan(n)
             if plan:

@@ -109,7 +109,8 @@ GROUP_TOKENS = 120_000  # tokens: tiny's ~0.5 M tokens pack in about four groups
 
 
 #: What the many-shard run did, in order: ("start", k) when the k-th worker pool starts its
-#: processes, ("pool", k) when it ends, ("snapshot", n) when the snapshot steps of pass n are planned.
+#: processes, ("release", k) when its workers are told to end, ("pool", k) when they have
+#: ended, ("snapshot", n) when the snapshot steps of pass n are planned.
 RUN_EVENTS: list[tuple[str, int]] = []
 
 
@@ -128,6 +129,10 @@ def many_shards(tmp_path_factory):
         def start(self):
             RUN_EVENTS.append(("start", sum(1 for e in RUN_EVENTS if e[0] == "start") + 1))
             return super().start()
+
+        def release(self):
+            RUN_EVENTS.append(("release", sum(1 for e in RUN_EVENTS if e[0] == "release") + 1))
+            return super().release()
 
         def __exit__(self, *exc):
             super().__exit__(*exc)
@@ -240,11 +245,13 @@ def test_many_shards_give_the_same_documents_and_byte_identical_rows(tiny_run, m
     assert gate.figures["rows"] > 0
 
 
-def test_each_pass_has_fresh_workers_and_pass_1s_end_before_its_snapshot_steps(many_shards):
-    """Pass 1's workers (ScanCode's index loaded) end before its snapshot steps, and pass
-    2's workers are started before those steps run (their start-up overlaps the
-    tokenizer's training); the last pass's snapshot steps run on its own workers."""
-    assert RUN_EVENTS == [("start", 1), ("pool", 1), ("start", 2), ("snapshot", 1), ("snapshot", 2), ("pool", 2)]
+def test_each_pass_has_fresh_workers_and_pass_1s_end_with_its_snapshot_steps(many_shards):
+    """Pass 1's workers (ScanCode's index loaded) are told to end before its snapshot steps
+    and pass 2's are started then (shut-down and start-up overlap the tokenizer's
+    training); pass 1's have ended when those steps are done; the last pass's snapshot
+    steps run on its own workers."""
+    assert RUN_EVENTS == [("start", 1), ("release", 1), ("start", 2), ("snapshot", 1), ("pool", 1), ("snapshot", 2),
+                          ("pool", 2)]
 
 
 def test_the_last_snapshot_steps_run_as_groups_that_wait_only_for_what_they_read(many_shards):
