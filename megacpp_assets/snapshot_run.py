@@ -299,11 +299,12 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
     and starts the next one (:meth:`WorkerPool.start`) before its snapshot steps run here,
     in one run: the ended workers' shut-down and the new workers' start-up (imports, the
     definitions, the instance: a few seconds a process) overlap those steps (the
-    tokenizer's training, one thread) instead of preceding or following them. The last pass keeps its pool for its snapshot steps, which run
-    there as :class:`SnapshotUnits` (groups that do not depend on each other at once, the
-    card last); its workers carry nothing into a later pass. After a group fails no
-    further group starts; which independent groups had started by then depends on
-    timing (a single run in one process finishes them all)."""
+    tokenizer's training, one thread) instead of preceding or following them. The last
+    pass keeps its pool for its snapshot steps, which run there as :class:`SnapshotUnits`
+    (groups that do not depend on each other at once, the card last); its workers carry
+    nothing into a later pass. After a group fails no further group starts; which
+    independent groups had started by then depends on timing (a single run in one
+    process finishes them all)."""
     from .run_workers import WorkerPool
 
     if workers > 1 and run.instance.is_ephemeral:
