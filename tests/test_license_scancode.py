@@ -111,9 +111,12 @@ def _write_many(directory: str, seed: int) -> int:
 
 
 def test_store_with_concurrent_workers(tmp_path):
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(4) as pool:
-        assert pool.starmap(_write_many, [(str(tmp_path), s) for s in range(4)]) == [0, 0, 0, 0]
+    from concurrent.futures import ProcessPoolExecutor
+
+    # ProcessPoolExecutor, not multiprocessing.Pool: Pool.terminate (its __exit__) can wait
+    # forever for a worker it started again while terminating (seen once on a loaded machine)
+    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
+        assert list(pool.map(_write_many, [str(tmp_path)] * 4, range(4))) == [0, 0, 0, 0]
     store = lsc.ResultStore(tmp_path, ns="ns")
     assert all(store.get(f"notice {i}")["detected_license_expression_spdx"] == f"E{i}" for i in range(40))
     assert not [p for p in tmp_path.rglob("*.tmp")]
