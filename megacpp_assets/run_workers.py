@@ -142,8 +142,6 @@ class WorkerPool:
                 except BrokenExecutor as e:  # a started worker died before this unit (its start-up failed)
                     print(f"megacpp run: worker failed before {method}{args}: {type(e).__name__}: {e}", file=sys.stderr)
                     ok, pending = False, []
-            if not running:
-                break
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:
                 method, args = running.pop(fut)

@@ -191,6 +191,7 @@ class SnapshotUnits:
         self.groups = [(g.assets, set(g.after)) for g in groups]
         if CARD in plan:
             self.groups.append(((CARD,), set(range(len(groups)))))
+        self._index = {assets: i for i, (assets, _) in enumerate(self.groups)}
         self._started: set[int] = set()
         self._done: set[int] = set()
 
@@ -207,7 +208,7 @@ class SnapshotUnits:
         """``(ok, units released)`` after the run of group ``args[1]`` returned ``result``."""
         if not result:
             return False, []
-        self._done.add(next(i for i, (assets, _) in enumerate(self.groups) if assets == args[1]))
+        self._done.add(self._index[args[1]])
         return True, self._release()
 
 

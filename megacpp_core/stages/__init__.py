@@ -166,9 +166,9 @@ def snapshot_groups(planned, stages: tuple[Stage, ...] = STAGES) -> list[Snapsho
     start); ``blends`` (after the five family datasets). Raises ``KeyError`` for a name that is
     not a snapshot stage's asset."""
     snap = [s for s in stages if s.partitioning is Partitioning.SNAPSHOT]
-    by_asset = {s.asset: s for s in snap}
+    wanted, known = set(planned), {s.asset for s in snap}
     for a in planned:
-        if a not in by_asset:
+        if a not in known:
             raise KeyError(f"{a!r} is not a snapshot stage's asset")
     prod = producers(stages)
     upstream: dict[str, set[str]] = {}  # every snapshot stage each one reads, transitively
@@ -179,8 +179,8 @@ def snapshot_groups(planned, stages: tuple[Stage, ...] = STAGES) -> list[Snapsho
             if p.partitioning is Partitioning.SNAPSHOT:
                 ups |= {p.asset} | upstream[p.asset]
         upstream[s.asset] = ups
-    order = [s.asset for s in snap if s.asset in set(planned)]
-    preds = {a: {b for b in upstream[a] if b in order} for a in order}
+    order = [s.asset for s in snap if s.asset in wanted]
+    preds = {a: upstream[a] & wanted for a in order}
     reduced = {a: {b for b in ps if not any(b in upstream[c] for c in ps if c != b)} for a, ps in preds.items()}
     succs: dict[str, set[str]] = {a: set() for a in order}
     for a, ps in reduced.items():
