@@ -15,7 +15,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[megatron,dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The native tree walk of stage 6 (megacpp_core/native): tswalk.c compiled with the
+# tree-sitter core of the installed py-tree-sitter release (its sdist, kept in the venv).
+NATIVE := megacpp_core/native/_tswalk.so
+$(NATIVE): $(STAMP) megacpp_core/native/tswalk.c megacpp_core/native/build.py
+	$(BIN)/python -m megacpp_core.native.build
+
+install: $(STAMP) $(NATIVE)
 
 demo: install
 	$(BIN)/megacpp run --corpus default

@@ -50,6 +50,7 @@ import tree_sitter_c
 import tree_sitter_cpp
 
 from . import ast_types, chunk, tree_arrays
+from .native import tswalk
 from .chunk import ParsedSource, StructureCategory
 
 __all__ = ["ENRICHMENT_VERSION", "MAX_DEPTH", "Unit", "FileEnrichment", "DocumentEnrichment", "enrich_file",
@@ -76,19 +77,26 @@ _TYPE_CONTEXTS = {"base_class_clause", "field_declaration", "parameter_declarati
 _RECORDED = (_PREAMBLE | _PREPROC_BLOCKS | _CLASSLIKE | _MEMBERS | _CLASS_ONLY_MEMBERS | _TYPEDEFS
              | {"comment", "function_definition", "declaration", "template_declaration", "namespace_definition",
                 "call_expression", "type_identifier"})
+#: Recorded kinds whose rule reads the node's fields or children, so the walk makes a
+#: Python ``Node`` for them; the other rules need only the kind and the byte range.
+_WITH_NODE = (_CLASSLIKE | _TYPEDEFS | {"function_definition", "declaration", "template_declaration",
+                                        "namespace_definition", "call_expression"})
 #: Roles of node kinds for the two contexts of the rules (:class:`_Walk`).
 _TYPE_CONTEXT, _STATEMENTS, _CLASS_BODY = 1, 2, 3
 #: ``kind_id`` of tree-sitter's ERROR nodes.
 _ERROR_KIND = 65535
 #: Per grammar: ``uint8[65536]`` role of every ``kind_id`` (0: none).
 _ROLES: dict[str, np.ndarray] = {}
+#: Per grammar: ``uint8[65536]`` recorded flag of every ``kind_id`` (:func:`_kinds`).
+_RECORDED_FLAGS: dict[str, np.ndarray] = {}
 
 
 @functools.lru_cache(maxsize=None)
 def _kinds(grammar: str) -> tuple[dict[int, str], bytearray, bytearray]:
     """``(kind_id -> type, recorded, role)`` over the named node kinds (all alias ids):
-    the types of :data:`_RECORDED`, a 65,536-entry flag table of them, and the role table
-    (also kept as numpy in :data:`_ROLES`)."""
+    the types of :data:`_RECORDED`, a 65,536-entry flag table of them (2 for the kinds of
+    :data:`_WITH_NODE`, 1 for the others; numpy in :data:`_RECORDED_FLAGS`), and the role
+    table (numpy in :data:`_ROLES`)."""
     lang = tree_sitter.Language(tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language())
     names, recorded, role = {}, bytearray(65536), bytearray(65536)
     for i in range(lang.node_kind_count):
@@ -97,7 +105,7 @@ def _kinds(grammar: str) -> tuple[dict[int, str], bytearray, bytearray]:
             continue
         if name in _RECORDED:
             names[i] = name
-            recorded[i] = 1
+            recorded[i] = 2 if name in _WITH_NODE else 1
         if name in _TYPE_CONTEXTS:
             role[i] = _TYPE_CONTEXT
         elif name == "compound_statement":
@@ -105,6 +113,7 @@ def _kinds(grammar: str) -> tuple[dict[int, str], bytearray, bytearray]:
         elif name == "field_declaration_list":
             role[i] = _CLASS_BODY
     _ROLES[grammar] = np.frombuffer(bytes(role), dtype=np.uint8)
+    _RECORDED_FLAGS[grammar] = np.frombuffer(bytes(recorded), dtype=np.uint8)
     return names, recorded, role
 
 
@@ -214,16 +223,63 @@ class _Walk:
     structure, edge and name rules record for their node kinds (``paint`` in pre-order,
     ``calls``, ``uses``, ``fn_defs``, ``type_defs``).
 
-    The loop only reads each node's offsets and kind. Depth and sibling index come from the
-    parent array afterwards (numpy), and so do the two contexts of the rules: whether a
+    The walk is native (:mod:`megacpp_core.native.tswalk`, one C call per tree) when the
+    library is built, else a Python cursor loop; ``native`` forces one or the other. Both
+    give the same arrays. Python ``Node`` objects are made only for the nodes of recorded
+    kinds. The two contexts of the rules come from the arrays (numpy): whether a
     ``type_identifier`` lies in a base-class, member or parameter declaration (the nearest
     such declaration or ``compound_statement`` above it decides) and whether a node sits
-    directly in a class body."""
+    directly in a class body. Raises ``RuntimeError`` when ``native`` is True and the
+    library is not available."""
 
-    def __init__(self, parsed: ParsedSource):
-        names, recorded, role = _kinds(parsed.grammar)
-        starts, ends, parents, kind_ids, picked = [], [], [], [], []
-        sa, ea, pa, ka, xa = starts.append, ends.append, parents.append, kind_ids.append, picked.append
+    def __init__(self, parsed: ParsedSource, native: bool | None = None):
+        names, recorded, _ = _kinds(parsed.grammar)
+        if tswalk.available() if native is None else native:
+            arrays = tswalk.walk(parsed.tree, recorded, MAX_DEPTH)
+            self.starts, self.ends, self.parents, self.kind_ids = arrays.starts, arrays.ends, arrays.parents, arrays.kind_ids
+            self.depths, self.sibs = arrays.depths, arrays.sibs
+            ids = arrays.picked
+            c = parsed.tree.walk()
+            goto, nodes = c.goto_descendant, []
+            # Node objects only for the nodes whose rule reads their fields (None: the rule
+            # needs the kind and the byte range only)
+            for i, flag in zip(ids.tolist(), _RECORDED_FLAGS[parsed.grammar][self.kind_ids[ids]].tolist()):
+                if flag == 2:
+                    goto(i)
+                    nodes.append(c.node)
+                else:
+                    nodes.append(None)
+        else:
+            ids, nodes = self._python_walk(parsed, recorded)
+        starts, ends, kinds = self.starts[ids].tolist(), self.ends[ids].tolist(), self.kind_ids[ids].tolist()
+        up = self.parents[ids]
+        in_class = ((up >= 0) & (_ROLES[parsed.grammar][self.kind_ids[np.maximum(up, 0)]] == _CLASS_BODY)).tolist()
+        self.has_error = bool((self.kind_ids == _ERROR_KIND).any())
+        self.paint: list[tuple[int, int, int]] = []  # (start_byte, end_byte, category) in pre-order
+        self.calls: list[tuple[int, str]] = []
+        self.uses: list[tuple[int, str]] = []
+        self.fn_defs: list[tuple[int, str]] = []
+        self.type_defs: list[tuple[int, str]] = []
+        src = parsed.src
+        type_ids: list[tuple[int, int, int]] = []
+        for i, node, kid, sb, eb, cls in zip(ids.tolist(), nodes, kinds, starts, ends, in_class):
+            t = names[kid]
+            if t == "type_identifier":
+                type_ids.append((i, sb, eb))
+            else:
+                self._special(node, t, sb, eb, src, cls)
+        if type_ids:
+            inside = tree_arrays.nearest_role_is(np.fromiter((i for i, _, _ in type_ids), dtype=np.int64, count=len(type_ids)),
+                                                 self.parents, _ROLES[parsed.grammar][self.kind_ids],
+                                                 _TYPE_CONTEXT, _STATEMENTS)
+            self.uses = [(sb, src[sb:eb].decode("utf-8", "replace"))
+                         for (_, sb, eb), ok in zip(type_ids, inside.tolist()) if ok]
+
+    def _python_walk(self, parsed: ParsedSource, recorded: bytearray) -> tuple[np.ndarray, list]:
+        """The node arrays by a Python cursor loop (when the native walk is not available);
+        returns the indices (``int64[m]``) and nodes of the recorded nodes, in pre-order."""
+        starts, ends, parents, kind_ids, ids, nodes = [], [], [], [], [], []
+        sa, ea, pa, ka = starts.append, ends.append, parents.append, kind_ids.append
         c = parsed.tree.walk()
         down, right, up = c.goto_first_child, c.goto_next_sibling, c.goto_parent
         stack: list[int] = []
@@ -236,7 +292,8 @@ class _Walk:
             pa(parent)
             ka(kid)
             if recorded[kid]:
-                xa((n, node))
+                ids.append(n)
+                nodes.append(node)
             if down():
                 stack.append(parent)
                 parent = n
@@ -254,28 +311,8 @@ class _Walk:
         self.ends = np.asarray(ends, dtype=np.int64)
         self.parents = np.asarray(parents, dtype=np.int64)
         self.kind_ids = np.asarray(kind_ids, dtype=np.int64)
-        self.has_error = bool((self.kind_ids == _ERROR_KIND).any())
         self.depths, self.sibs = tree_arrays.depths(self.parents), tree_arrays.sibling_index(self.parents)
-        self.paint: list[tuple[int, int, int]] = []  # (start_byte, end_byte, category) in pre-order
-        self.calls: list[tuple[int, str]] = []
-        self.uses: list[tuple[int, str]] = []
-        self.fn_defs: list[tuple[int, str]] = []
-        self.type_defs: list[tuple[int, str]] = []
-        src = parsed.src
-        type_ids: list[tuple[int, object]] = []
-        for i, node in picked:
-            t = names[kind_ids[i]]
-            if t == "type_identifier":
-                type_ids.append((i, node))
-            else:
-                p = parents[i]
-                self._special(node, t, starts[i], ends[i], src, p >= 0 and role[kind_ids[p]] == _CLASS_BODY)
-        if type_ids:
-            inside = tree_arrays.nearest_role_is(np.fromiter((i for i, _ in type_ids), dtype=np.int64, count=len(type_ids)),
-                                                 self.parents, _ROLES[parsed.grammar][self.kind_ids],
-                                                 _TYPE_CONTEXT, _STATEMENTS)
-            self.uses = [(starts[i], node.text.decode("utf-8", "replace"))
-                         for (i, node), ok in zip(type_ids, inside.tolist()) if ok]
+        return np.asarray(ids, dtype=np.int64), nodes
 
     def _special(self, node, t: str, sb: int, eb: int, src: bytes, in_class: bool) -> None:
         """Record what ``node`` of type ``t`` contributes (``in_class``: its parent is a class body)."""
@@ -345,33 +382,35 @@ def _ast_planes(parsed: ParsedSource, w: _Walk, char_bytes: np.ndarray) -> tuple
     """Per-character (depth, sibling index, node-type bucket) of the innermost node.
 
     For nested intervals in pre-order, the last node starting at or before a position
-    holds it unless it ended before; then an ancestor does (walk up, vectorized).
-    Characters outside every named node get 0 in all three planes.
+    holds it unless it ended before; then an ancestor does (one linear native pass,
+    :func:`megacpp_core.native.tswalk.owners`, or a vectorized numpy walk up). Characters
+    outside every node get 0 in all three planes. Each plane is a per-node uint8 table
+    gathered once per character.
     """
     n = len(char_bytes)
     if not len(w.starts) or not n:
         z = np.zeros(n, dtype=np.uint8)
         return z, z.copy(), z.copy()
-    idx = np.searchsorted(w.starts, char_bytes, side="right") - 1
-    # walk up only the positions still outside their node (each pass shrinks the set, so
-    # deep chains such as long else-if ladders stay linear in the positions that move)
-    act = np.flatnonzero(idx >= 0)
-    act = act[w.ends[idx[act]] <= char_bytes[act]]
-    while act.size:
-        idx[act] = w.parents[idx[act]]
-        act = act[idx[act] >= 0]
+    idx = tswalk.owners(w, char_bytes) if tswalk.available() else None
+    if idx is None:
+        idx = np.searchsorted(w.starts, char_bytes, side="right") - 1
+        # walk up only the positions still outside their node (each pass shrinks the set, so
+        # deep chains such as long else-if ladders stay linear in the positions that move)
+        act = np.flatnonzero(idx >= 0)
         act = act[w.ends[idx[act]] <= char_bytes[act]]
-    live = idx >= 0
-    safe = np.where(live, idx, 0)
-    depth = np.minimum(w.depths[safe], MAX_DEPTH).astype(np.uint8)
-    sib = np.minimum(w.sibs[safe], MAX_DEPTH).astype(np.uint8)
+        while act.size:
+            idx[act] = w.parents[idx[act]]
+            act = act[idx[act] >= 0]
+            act = act[w.ends[idx[act]] <= char_bytes[act]]
+    idx[idx < 0] = len(w.starts)  # the extra last entry of each table: 0
     table = ast_types.bucket_table(parsed.grammar)
-    kid = w.kind_ids[safe]
+    kid = w.kind_ids
     known = kid < len(table)
-    typ = np.where(known, table[np.where(known, kid, 0)], ast_types.ERROR_BUCKET).astype(np.uint8)
-    for a in (depth, sib, typ):
-        a[~live] = 0
-    return depth, sib, typ
+    planes = []
+    for per_node in (np.minimum(w.depths, MAX_DEPTH), np.minimum(w.sibs, MAX_DEPTH),
+                     np.where(known, table[np.where(known, kid, 0)], ast_types.ERROR_BUCKET)):
+        planes.append(np.append(per_node.astype(np.uint8), np.uint8(0))[idx])
+    return planes[0], planes[1], planes[2]
 
 
 def _units(parsed: ParsedSource) -> list[tuple[int, int, str, str | None]]:

@@ -1,0 +1,102 @@
+"""Build the native tree walk (``_tswalk.so`` next to this file): ``python -m megacpp_core.native.build``.
+
+``make install`` runs it. Steps:
+
+1. The installed py-tree-sitter release (``importlib.metadata``) is looked up, and its
+   source distribution is fetched with pip (``pip download --no-binary :all: --no-deps``)
+   into ``--src-dir`` (default: ``share/megacpp`` under the interpreter's prefix, so a
+   virtualenv keeps it) unless it is already there. The sdist carries the tree-sitter core
+   the binding was compiled from (``tree_sitter/core/lib``).
+2. The archive is unpacked with the ``data`` extraction filter (no links out, no absolute
+   paths), and the binding's ``Tree`` struct is checked to start with the ``TSTree``
+   pointer that :mod:`megacpp_core.native.tswalk` reads.
+3. ``cc`` (``$CC``) compiles the core's single-file build ``lib.c`` with ``tswalk.c``
+   (flags and macros as py-tree-sitter's own ``setup.py``: C11, ``_POSIX_C_SOURCE``,
+   ``_DEFAULT_SOURCE``) into a temporary file that is then renamed into place.
+
+Nothing from a corpus is compiled or run. Exits non-zero with the reason on any failure;
+without the library, enrichment runs its Python walk (same output, slower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+#: The library :mod:`megacpp_core.native.tswalk` loads.
+LIBRARY = HERE / "_tswalk.so"
+#: The start of py-tree-sitter's ``Tree`` object (``tree_sitter/binding/types.h``) that the
+#: loader relies on: the ``TSTree`` pointer right after ``PyObject_HEAD``.
+_TREE_STRUCT = re.compile(r"typedef struct \{\s*PyObject_HEAD\s*TSTree \*tree;")
+
+
+def _sdist(version: str, src_dir: Path) -> Path:
+    """The unpacked py-tree-sitter ``version`` sdist under ``src_dir`` (fetched when absent)."""
+    root = src_dir / f"tree_sitter-{version}"
+    if (root / "tree_sitter" / "core" / "lib" / "src" / "lib.c").is_file():
+        return root
+    src_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=src_dir) as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
+                        "--dest", tmp, f"tree-sitter=={version}"], check=True)
+        archives = sorted(Path(tmp).glob("tree_sitter-*.tar.gz"))
+        if len(archives) != 1:
+            raise SystemExit(f"expected one tree-sitter {version} sdist, pip gave {[a.name for a in Path(tmp).iterdir()]}")
+        with tarfile.open(archives[0]) as tar:
+            tar.extractall(tmp, filter="data")
+        unpacked = Path(tmp) / f"tree_sitter-{version}"
+        if not (unpacked / "tree_sitter" / "core" / "lib" / "src" / "lib.c").is_file():
+            raise SystemExit(f"the tree-sitter {version} sdist has no tree_sitter/core/lib/src/lib.c")
+        shutil.rmtree(root, ignore_errors=True)
+        unpacked.rename(root)
+    return root
+
+
+def build(src_dir: Path, out: Path = LIBRARY, cc: str | None = None) -> Path:
+    """Compile ``_tswalk.so`` for the installed py-tree-sitter into ``out``; returns ``out``.
+
+    Raises ``SystemExit`` (with the reason) when the sdist cannot be fetched, its ``Tree``
+    struct differs from what the loader reads, or the compiler fails."""
+    version = importlib.metadata.version("tree-sitter")
+    root = _sdist(version, src_dir)
+    types_h = (root / "tree_sitter" / "binding" / "types.h").read_text(encoding="utf-8")
+    if not _TREE_STRUCT.search(types_h):
+        raise SystemExit(f"py-tree-sitter {version}: its Tree struct does not start with the TSTree pointer; "
+                         "the native walk does not support this release")
+    lib = root / "tree_sitter" / "core" / "lib"
+    cc = cc or os.environ.get("CC") or "cc"
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-D_POSIX_C_SOURCE=200112L", "-D_DEFAULT_SOURCE",
+           f'-DMEGACPP_TS_VERSION="{version}"', f"-I{lib / 'include'}", f"-I{lib / 'src'}",
+           str(lib / "src" / "lib.c"), str(HERE / "tswalk.c"), "-o", str(tmp)]
+    try:
+        subprocess.run(cmd, check=True)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``[--src-dir DIR] [--out FILE]``; prints the library built."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--src-dir", type=Path, default=Path(sys.prefix) / "share" / "megacpp",
+                    help="where the py-tree-sitter sdist is kept (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=LIBRARY, help="library path (default: %(default)s)")
+    args = ap.parse_args(argv)
+    out = build(args.src_dir, args.out)
+    print(f"native tree walk: {out} (py-tree-sitter {importlib.metadata.version('tree-sitter')})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

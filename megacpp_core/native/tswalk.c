@@ -1,0 +1,99 @@
+/* Pre-order walk of a tree-sitter tree into flat node arrays (stage 6 enrichment).
+ *
+ * Compiled by `python -m megacpp_core.native.build` together with the tree-sitter core of
+ * the exact py-tree-sitter release installed (its sdist), and called through ctypes by
+ * megacpp_core/native/tswalk.py with the TSTree pointer of a `tree_sitter.Tree`. It only
+ * reads the tree; the Python object keeps owning it.
+ */
+#include <stdint.h>
+#include "tree_sitter/api.h"
+
+#ifndef MEGACPP_TS_VERSION
+#error "MEGACPP_TS_VERSION (the py-tree-sitter release of the core) must be defined"
+#endif
+
+/* The py-tree-sitter release whose core this library was compiled from. */
+const char *megacpp_ts_version(void) { return MEGACPP_TS_VERSION; }
+
+/* Number of nodes a walk visits: every node, named or anonymous, the root included. */
+uint32_t megacpp_ts_count(const TSTree *tree) {
+    return ts_node_descendant_count(ts_tree_root_node(tree));
+}
+
+/* Walks every node in pre-order (the order of ts_tree_cursor_goto_descendant's indices).
+ * Per node i writes: starts[i], ends[i] (bytes), parents[i] (-1 for the root), kinds[i]
+ * (ts_node_symbol), depths[i] (ancestors) and sibs[i] (index among the parent's children),
+ * the last two clamped at `clamp`. picked[] receives, in order, the indices of the nodes
+ * whose recorded[kind] is non-zero (`recorded`: 65,536 flags); *npicked their number.
+ * Every array holds `cap` entries. Returns the number of nodes, or -1 when `cap` is short
+ * (nothing else is valid then). */
+int64_t megacpp_ts_walk(const TSTree *tree, int64_t cap, const uint8_t *recorded, int64_t clamp,
+                        int64_t *starts, int64_t *ends, int64_t *parents, int64_t *kinds,
+                        int64_t *depths, int64_t *sibs, int64_t *picked, int64_t *npicked) {
+    TSTreeCursor c = ts_tree_cursor_new(ts_tree_root_node(tree));
+    int64_t n = 0, parent = -1, cur, depth = 0, sib = 0, np = 0;
+    for (;;) {
+        if (n >= cap) {
+            ts_tree_cursor_delete(&c);
+            return -1;
+        }
+        TSNode node = ts_tree_cursor_current_node(&c);
+        TSSymbol kind = ts_node_symbol(node);
+        starts[n] = ts_node_start_byte(node);
+        ends[n] = ts_node_end_byte(node);
+        parents[n] = parent;
+        kinds[n] = kind;
+        depths[n] = depth;
+        sibs[n] = sib;
+        if (recorded[kind]) picked[np++] = n;
+        if (ts_tree_cursor_goto_first_child(&c)) {
+            parent = n++;
+            depth++;
+            sib = 0;
+            continue;
+        }
+        cur = n++;
+        while (!ts_tree_cursor_goto_next_sibling(&c)) {
+            if (!ts_tree_cursor_goto_parent(&c)) goto done;
+            cur = parent;
+            parent = parents[cur];
+            depth--;
+        }
+        sib = sibs[cur] + 1;
+    }
+done:
+    ts_tree_cursor_delete(&c);
+    for (int64_t i = 0; i < n; i++) {
+        if (depths[i] > clamp) depths[i] = clamp;
+        if (sibs[i] > clamp) sibs[i] = clamp;
+    }
+    *npicked = np;
+    return n;
+}
+
+/* For each byte position pos[k] (non-decreasing), the innermost node holding it: the last
+ * node (pre-order arrays of megacpp_ts_walk, n nodes, starts non-decreasing) starting at or
+ * before it, or the nearest ancestor of that node that ends after it; -1 when none does.
+ * Writes out[k]. Returns 0, or -1 when starts or positions are not non-decreasing (nothing
+ * is valid then). Linear in n + m: while no new node starts, the next position's answer is
+ * an ancestor-or-self of the previous one. */
+int64_t megacpp_ts_owners(int64_t n, const int64_t *starts, const int64_t *ends, const int64_t *parents,
+                          int64_t m, const int64_t *pos, int64_t *out) {
+    for (int64_t i = 1; i < n; i++)
+        if (starts[i] < starts[i - 1]) return -1;
+    int64_t j = -1, cur = -1, last = INT64_MIN;
+    for (int64_t k = 0; k < m; k++) {
+        int64_t b = pos[k];
+        if (b < last) return -1;
+        last = b;
+        int moved = 0;
+        while (j + 1 < n && starts[j + 1] <= b) {
+            j++;
+            moved = 1;
+        }
+        int64_t x = moved ? j : cur;
+        while (x >= 0 && ends[x] <= b) x = parents[x];
+        out[k] = cur = x;
+    }
+    return 0;
+}

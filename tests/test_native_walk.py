@@ -1,0 +1,176 @@
+"""The native tree walk (megacpp_core.native): built by ``make install``, and the same
+arrays, planes and records as the Python walk on real sdist files and on hostile input."""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+
+import numpy as np
+import pytest
+
+from megacpp_core import chunk, enrich
+from megacpp_core.layout import SnapshotLayout
+from megacpp_core.native import build, tswalk
+
+ARRAYS = ("starts", "ends", "parents", "kind_ids", "depths", "sibs")
+RECORDS = ("paint", "calls", "uses", "fn_defs", "type_defs", "has_error")
+PLANES = ("structure", "ast_depth", "sibling_index", "ast_node_type")
+
+HOSTILE = [
+    "", "\n", "}}}}", ")(", "#if\n", "\x00\x01\x02\xff", "int", "int x = ;", "@@@", "class { {", 'R"x(', "/*",
+    "template<", "int f() { return 1 }", "MACRO(x) { int a;\n",
+    "int x = 1; // \udcff\udcfe lone surrogates of invalid UTF-8\n",  # surrogateescape'd bytes
+    "// ü ✓ é\nint ß(int a) {\n\treturn a;\n}\n",
+    "int a[] = {" + ",".join(str(i) for i in range(60_000)) + "};\n",  # one huge line
+    "int f(int x) {\n" + "".join(f"  {'else ' if i else ''}if (x == {i}) return {i};\n" for i in range(1500)) + "}\n",
+    "(" * 5000 + ")" * 5000,
+    bytes(range(256)).decode("latin-1") * 40,  # binary-looking text
+]
+
+
+def assert_same_walk(parsed: chunk.ParsedSource, label: str) -> None:
+    a, b = enrich._Walk(parsed, native=True), enrich._Walk(parsed, native=False)
+    for name in ARRAYS:
+        assert getattr(a, name).dtype == getattr(b, name).dtype == np.int64, (label, name)
+        assert np.array_equal(getattr(a, name), getattr(b, name)), (label, name)
+    for name in RECORDS:
+        assert getattr(a, name) == getattr(b, name), (label, name)
+
+
+def enrich_both(text: str, lang: str, monkeypatch) -> tuple[enrich.FileEnrichment, enrich.FileEnrichment]:
+    native = enrich.enrich_file(text, lang)
+    with monkeypatch.context() as m:
+        m.setattr(tswalk, "_lib", None)
+        m.setattr(tswalk, "_checked", True)
+        python = enrich.enrich_file(text, lang)
+    return native, python
+
+
+def assert_same_enrichment(a: enrich.FileEnrichment, b: enrich.FileEnrichment, label: str) -> None:
+    for name in PLANES:
+        assert np.array_equal(getattr(a, name), getattr(b, name)), (label, name)
+    assert a.units == b.units, label
+
+
+def test_library_is_built_for_the_installed_binding():
+    assert tswalk.available(), f"{tswalk.LIBRARY} is missing or unusable: run `make install`"
+    lib = ctypes.CDLL(str(tswalk.LIBRARY))
+    lib.megacpp_ts_version.restype = ctypes.c_char_p
+    assert lib.megacpp_ts_version().decode() == build.importlib.metadata.version("tree-sitter")
+
+
+@pytest.mark.parametrize("lang", ["c", "cpp"])
+def test_hostile_input_walks_and_enriches_the_same(lang, monkeypatch):
+    for k, text in enumerate(HOSTILE):
+        parsed = chunk.parse_source(text, lang)
+        assert_same_walk(parsed, f"{lang}#{k}")
+        native, python = enrich_both(text, lang, monkeypatch)
+        assert_same_enrichment(native, python, f"{lang}#{k}")
+        assert len(native.ast_depth) == len(text)
+
+
+def test_real_files_walk_and_enrich_the_same(tiny_run, monkeypatch):
+    """Every kept file of the real ``tiny`` sdists: node arrays, rule records, planes and units."""
+    root, _ = tiny_run
+    kept = SnapshotLayout(root, "tiny").kept_files(["path", "language", "text"]).to_pydict()
+    assert len(kept["path"]) > 50
+    nodes = 0
+    for path, lang, text in zip(kept["path"], kept["language"], kept["text"]):
+        parsed = chunk.parse_source(text, lang)
+        assert_same_walk(parsed, path)
+        nodes += len(enrich._Walk(parsed).starts)
+        native, python = enrich_both(text, lang, monkeypatch)
+        assert_same_enrichment(native, python, path)
+    assert nodes > 100_000
+
+
+def test_picked_indices_are_cursor_descendant_indices():
+    text = "#include <a.h>\nstruct S { int m; void f(); };\nint g(S s) { return h(s.m); } // c\n"
+    parsed = chunk.parse_source(text, "cpp")
+    _, recorded, _ = enrich._kinds("cpp")
+    arrays = tswalk.walk(parsed.tree, recorded, enrich.MAX_DEPTH)
+    assert len(arrays.starts) == parsed.tree.root_node.descendant_count
+    c = parsed.tree.walk()
+    for i in range(len(arrays.starts)):
+        c.goto_descendant(i)
+        assert (c.node.start_byte, c.node.end_byte, c.node.kind_id) == \
+            (arrays.starts[i], arrays.ends[i], arrays.kind_ids[i])
+    assert [recorded[k] > 0 for k in arrays.kind_ids[arrays.picked]] == [True] * len(arrays.picked)
+    assert sum(recorded[k] > 0 for k in arrays.kind_ids) == len(arrays.picked)
+
+
+def test_owners_equal_the_numpy_search_and_refuse_unsorted_input(monkeypatch):
+    text = "namespace n {\nint f(int x) {\n  if (x) { return g(x, 1); }\n  return 0;\n}\n}  \n"
+    parsed = chunk.parse_source(text, "cpp")
+    w = enrich._Walk(parsed, native=False)
+    positions = np.arange(len(parsed.src) + 3, dtype=np.int64)
+    with monkeypatch.context() as m:
+        m.setattr(tswalk, "_lib", None)
+        m.setattr(tswalk, "_checked", True)
+        expected = enrich._ast_planes(parsed, w, positions)  # the numpy search
+    idx = tswalk.owners(w, positions)
+    assert idx is not None and idx.dtype == np.int64 and idx[-1] == -1  # past the end: no node
+    assert parsed.tree.root_node.child(0).child(0).type == "namespace" and idx[0] == 2  # its first leaf
+    for got, want in zip(enrich._ast_planes(parsed, w, positions), expected):
+        assert np.array_equal(got, want)
+    assert tswalk.owners(w, positions[::-1].copy()) is None  # positions going back
+    w.starts = w.starts[::-1].copy()
+    assert tswalk.owners(w, positions) is None  # node starts going back
+
+
+def test_walk_refuses_wrong_arguments():
+    parsed = chunk.parse_source("int x;\n", "c")
+    _, recorded, _ = enrich._kinds("c")
+    with pytest.raises(TypeError):
+        tswalk.walk(parsed.tree.root_node, recorded, 63)
+    with pytest.raises(ValueError):
+        tswalk.walk(parsed.tree, bytearray(10), 63)
+
+
+def test_a_library_of_another_release_is_not_used(monkeypatch):
+    monkeypatch.setattr(tswalk, "_lib", None)
+    monkeypatch.setattr(tswalk, "_checked", False)
+    monkeypatch.setattr(tswalk.importlib.metadata, "version", lambda name: "0.0.0")
+    with pytest.warns(RuntimeWarning, match="built for py-tree-sitter"):
+        assert not tswalk.available()
+    with pytest.raises(RuntimeError, match="not available"):
+        tswalk.walk(chunk.parse_source("int x;", "c").tree, bytearray(65536), 63)
+    monkeypatch.setattr(tswalk, "_checked", False)
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setattr(tswalk, "_lib", None)
+    monkeypatch.setattr(tswalk, "_checked", False)
+    monkeypatch.setenv("MEGACPP_NATIVE_WALK", "0")
+    assert not tswalk.available()
+    text = "struct A { int x; };\nint f(A a) { return a.x; }\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fe = enrich.enrich_file(text, "cpp")  # the Python walk, silently
+    assert [u.kind for u in fe.units] == ["CLASS_DECL", "FUNC_BODY"]
+    monkeypatch.setattr(tswalk, "_checked", False)
+
+
+def test_build_compiles_a_loadable_library(tmp_path):
+    """The build step of ``make install``, into a new file (the sdist is already kept in the
+    virtualenv by the install, so this compiles only)."""
+    out = build.build(build.Path(build.sys.prefix) / "share" / "megacpp", tmp_path / "walk.so")
+    lib = ctypes.CDLL(str(out))
+    lib.megacpp_ts_version.restype = ctypes.c_char_p
+    assert lib.megacpp_ts_version().decode() == build.importlib.metadata.version("tree-sitter")
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_build_refuses_a_binding_of_another_layout(tmp_path, monkeypatch):
+    version = build.importlib.metadata.version("tree-sitter")
+    src = tmp_path / "src"
+    types_h = src / f"tree_sitter-{version}" / "tree_sitter" / "binding" / "types.h"
+    lib_c = src / f"tree_sitter-{version}" / "tree_sitter" / "core" / "lib" / "src" / "lib.c"
+    for p in (types_h, lib_c):
+        p.parent.mkdir(parents=True)
+    lib_c.write_text("")
+    types_h.write_text("typedef struct {\n    PyObject_HEAD\n    PyObject *source;\n    TSTree *tree;\n} Tree;\n")
+    with pytest.raises(SystemExit, match="does not start with the TSTree pointer"):
+        build.build(src, tmp_path / "walk.so")
+    assert not (tmp_path / "walk.so").exists()
