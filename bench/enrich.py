@@ -15,6 +15,10 @@ Usage: ``python bench/enrich.py SNAPSHOT_DIR [--repeat N]`` (a materialized
   of every document, platform scan), without reading or writing parquet;
 
 each as seconds, MB/s and a ratio to ``parse`` (goal: the whole stage ≤ 3× parse time).
+``enrich`` and ``stage`` run with the native tree walk (:mod:`megacpp_core.native.tswalk`,
+built by ``make install``); ``python_walk`` times both again with the library switched
+off — the Python cursor walk and numpy planes, the same output — and gives
+``native_speedup`` (Python walk seconds / native seconds) for each.
 ``stage_split`` lists, for the stage, how many files were over the budget, how many
 characters the span counter encoded beyond the one encoding of each file, and its CPU
 seconds: the whole process's and the main thread's (the whole-file encoding runs on a
@@ -40,6 +44,7 @@ import pyarrow.parquet as pq
 
 from megacpp_core.layout import SnapshotLayout
 from megacpp_core import chunk, enrich, manifest, platforms
+from megacpp_core.native import tswalk
 from megacpp_core.stages import chunk as chunk_stage
 from megacpp_core import tokenizer as tk
 from timing import best_of  # bench/timing.py (the script's own directory)
@@ -79,12 +84,21 @@ def main(snapshot: Path, repeat: int = 1) -> dict:
             split.update(cpu)
         split.update({k: tally[k] for k in ("split_files", "span_encoded_chars", "fallback_splits", "brace_files")})
 
+    if not tswalk.available():
+        raise SystemExit(f"the native tree walk is not built ({tswalk.LIBRARY}): run `make install`")
     c0 = time.process_time()
     parse_s = best_of(parse_only, repeat)
     parse_cpu = (time.process_time() - c0) / max(1, repeat)
     enrich_s = best_of(enrich_only, repeat)
     encode_s = best_of(encode_only, repeat)
     stage_s = best_of(whole_stage, repeat)
+    lib = tswalk._lib
+    tswalk._lib = None  # the Python walk: available() is False until it is put back
+    try:
+        py_enrich_s = best_of(enrich_only, repeat)
+        py_stage_s = best_of(lambda: chunk_stage.chunk_rows(kept, tok, sha, budget, True), repeat)
+    finally:
+        tswalk._lib = lib
     out = {
         "files": len(files), "megabytes": round(mb, 3),
         "parse": {"seconds": round(parse_s, 3), "mb_per_s": round(mb / parse_s, 3)},
@@ -95,6 +109,10 @@ def main(snapshot: Path, repeat: int = 1) -> dict:
         "stage": {"seconds": round(stage_s, 3), "mb_per_s": round(mb / stage_s, 3),
                   "ratio_to_parse": round(stage_s / parse_s, 3), "goal_ratio": 3.0,
                   "meets_goal": stage_s / parse_s <= 3.0},
+        "python_walk": {"enrich_seconds": round(py_enrich_s, 3), "enrich_ratio_to_parse": round(py_enrich_s / parse_s, 3),
+                        "enrich_native_speedup": round(py_enrich_s / enrich_s, 3),
+                        "stage_seconds": round(py_stage_s, 3), "stage_ratio_to_parse": round(py_stage_s / parse_s, 3),
+                        "stage_native_speedup": round(py_stage_s / stage_s, 3)},
         "stage_split": {k: round(v, 3) if isinstance(v, float) else v for k, v in split.items()},
         "stage_cpu_ratio_to_parse_cpu": {"process": round(split["cpu_seconds"] / parse_cpu, 3),
                                          "main_thread": round(split["main_thread_cpu_seconds"] / parse_cpu, 3)},

@@ -157,7 +157,9 @@ def token_byte_table(tok) -> list[bytes]:
     """Bytes of every id of a byte-level BPE ``tokenizers.Tokenizer`` (index = id).
 
     Added tokens map to their content's UTF-8, model tokens through the inverse of the
-    GPT-2 byte→unicode table used by the ByteLevel pre-tokenizer.
+    GPT-2 byte→unicode table used by the ByteLevel pre-tokenizer (a token with a character
+    outside that table maps to its UTF-8), ids without a token to ``b""``. The model
+    vocabulary is read in one call and each token mapped with ``str.translate``.
     """
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs, k = bs[:], 0
@@ -167,14 +169,17 @@ def token_byte_table(tok) -> list[bytes]:
             cs.append(256 + k)
             k += 1
     inv = {chr(c): b for b, c in zip(bs, cs)}
-    added = {i: a.content for i, a in tok.get_added_tokens_decoder().items()}
-    out: list[bytes] = []
-    for i in range(tok.get_vocab_size(with_added_tokens=True)):
-        if i in added:
-            out.append(added[i].encode("utf-8"))
-            continue
-        s = tok.id_to_token(i) or ""
-        out.append(bytes(inv[ch] for ch in s) if all(ch in inv for ch in s) else s.encode("utf-8"))
+    mapped = frozenset(inv)
+    to_latin1 = str.maketrans({c: chr(b) for c, b in inv.items()})
+    n = tok.get_vocab_size(with_added_tokens=True)
+    strings = [""] * n
+    for s, i in tok.get_vocab(with_added_tokens=False).items():
+        if 0 <= i < n:
+            strings[i] = s
+    out = [s.translate(to_latin1).encode("latin-1") if mapped.issuperset(s) else s.encode("utf-8") for s in strings]
+    for i, a in tok.get_added_tokens_decoder().items():
+        if 0 <= i < n:
+            out[i] = a.content.encode("utf-8")
     return out
 
 

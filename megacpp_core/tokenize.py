@@ -53,9 +53,10 @@ def tokenize_documents(documents: pa.Table, tok, vocab_size: int, batch: int = 2
     keys = documents.column("doc_key").to_pylist()
     texts = documents.column("text").to_pylist()
     out: list[np.ndarray] = []
+    encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch  # the same ids, no offsets computed
     for start in range(0, len(texts), batch):
         chunk = texts[start:start + batch]
-        encodings = tok.encode_batch(chunk, add_special_tokens=False)
+        encodings = encode(chunk, add_special_tokens=False)
         decoded = tok.decode_batch([e.ids for e in encodings], skip_special_tokens=False)
         for j, (enc, back) in enumerate(zip(encodings, decoded)):
             key = keys[start + j]

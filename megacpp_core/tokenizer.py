@@ -318,15 +318,16 @@ def new_tokenizer(hybrid: bool = True) -> Tokenizer:
     return tok
 
 
-def _mark_fixed(tok: Tokenizer, bands: list[Band]) -> Tokenizer:
-    """Turn the fixed tokens (trained as reserved vocab entries) into non-special added tokens."""
+def _mark_fixed(tok: Tokenizer, bands: list[Band]) -> tuple[Tokenizer, int]:
+    """Turn the fixed tokens (trained as reserved vocab entries) into non-special added
+    tokens; returns the new tokenizer and its number of BPE merges (read from the same JSON)."""
     flags = {t: b.single_word for b in bands for t in b.tokens}
     doc = json.loads(tok.to_str())
     for entry in doc["added_tokens"]:
         if entry["content"] in flags:
             entry.update(special=False, single_word=flags[entry["content"]], lstrip=False, rstrip=False,
                          normalized=False)
-    return Tokenizer.from_str(json.dumps(doc, ensure_ascii=False))
+    return Tokenizer.from_str(json.dumps(doc, ensure_ascii=False)), len(doc["model"]["merges"])
 
 
 def train_tokenizer(
@@ -382,12 +383,13 @@ def train_tokenizer(
     )
     tok.train_from_iterator(stream(), trainer=trainer)
     if fixed:
-        tok = _mark_fixed(tok, bands)
+        tok, merges = _mark_fixed(tok, bands)
+    else:
+        merges = len(json.loads(tok.to_str())["model"]["merges"])
     for i, token in enumerate(SPECIAL_TOKENS + fixed):
         if tok.token_to_id(token) != i:
             raise RuntimeError(f"token {token!r} trained at id {tok.token_to_id(token)}, expected {i}")
     trained = tok.get_vocab_size(with_added_tokens=True)
-    merges = len(json.loads(tok.to_str())["model"]["merges"])
     reserved = vocab_size - trained
     learned = trained - NUM_SPECIAL - len(fixed)
     if reserved:
@@ -588,13 +590,20 @@ def count_tokens(tok: Tokenizer, text: str) -> int:
 def check_round_trip(tok: Tokenizer, texts: Iterable[tuple[str, str]], batch: int = 256) -> list[str]:
     """Keys of the ``(key, text)`` pairs whose ``decode(encode(text)) != text``, in input order.
 
-    Texts are encoded ``batch`` at a time. An empty list means every text round-trips.
+    Texts are encoded (ids only, as :func:`encode_batch`) and decoded ``batch`` at a time,
+    both in ``tokenizers``' thread pool. An empty list means every text round-trips.
+    Raises ``ValueError`` as :func:`encode`.
     """
+    _require_literal_specials(tok)
+    encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch  # the ids of :func:`encode_batch`
     failed: list[str] = []
     pairs = iter(texts)
     while chunk := list(islice(pairs, batch)):
         keys, docs = zip(*chunk)
-        for key, doc, ids in zip(keys, docs, encode_batch(tok, docs)):
-            if decode(tok, ids) != doc:
+        ids = [e.ids for e in encode(list(docs), add_special_tokens=False)]
+        # ids from the encoder are in range, so :func:`decode`'s range check is moot here;
+        # decode_batch runs in the tokenizers thread pool
+        for key, doc, back in zip(keys, docs, tok.decode_batch(ids, skip_special_tokens=False)):
+            if back != doc:
                 failed.append(key)
     return failed

@@ -108,6 +108,27 @@ def test_document_too_long_for_the_markers_is_left_whole(monkeypatch):
     assert figs["fim_skipped_too_long"] == 1 and docs[0] is doc
 
 
+def test_real_tokenizer_byte_table_matches_id_by_id(tiny_run):
+    """Every id of the real tiny tokenizer, against a reference that asks the tokenizer for
+    each id's token and maps it char by char through GPT-2's byte table."""
+    from megacpp_core.layout import SnapshotLayout
+
+    root, _ = tiny_run
+    tok = tk.load_tokenizer(SnapshotLayout(root, "tiny").stage_dir("tokenizer") / "tokenizer.json")
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:] + [256 + k for k in range(256 - len(bs))]
+    bs = bs + [b for b in range(256) if b not in bs]
+    inv = {chr(c): b for b, c in zip(bs, cs)}
+    added = {i: a.content for i, a in tok.get_added_tokens_decoder().items()}
+    table = fim.token_byte_table(tok)
+    assert len(table) == tok.get_vocab_size(with_added_tokens=True)
+    for i, got in enumerate(table):
+        s = added.get(i, tok.id_to_token(i) or "")
+        want = s.encode() if i in added or not all(ch in inv for ch in s) else bytes(inv[ch] for ch in s)
+        assert got == want, i
+    assert table[tk.BOS_ID] == b"<BOS>" and any(len(b) > 4 for b in table)
+
+
 def test_real_tokenizer_byte_table_adds_up(tiny_run):
     from megacpp_core.layout import SnapshotLayout
 
