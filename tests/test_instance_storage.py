@@ -65,6 +65,51 @@ def test_the_cli_instance_uses_the_pooled_event_log_in_dagsters_layout(tmp_path)
     assert (tmp_path / "schedules" / "schedules.db").exists()
 
 
+def _pragmas(storage, shard: str) -> tuple[int, int, str]:
+    """``(synchronous, wal_autocheckpoint, journal_mode)`` of ``storage``'s kept connection to ``shard``."""
+    import sqlalchemy as sa
+
+    with storage._connect(shard) as conn:
+        return tuple(conn.execute(sa.text(f"PRAGMA {p}")).scalar() for p in ("synchronous", "wal_autocheckpoint",
+                                                                              "journal_mode"))
+
+
+@pytest.mark.parametrize("level,code", [(None, 1), ("FULL", 2), ('"OFF"', 0)])  # YAML reads a bare OFF as false
+def test_the_synchronous_level_is_normal_unless_configured(tmp_path, level, code):
+    """The event log commits with ``synchronous=NORMAL`` by default (no fsync per commit in
+    WAL mode), or the level the instance configuration names; run databases still
+    checkpoint at every commit and the index does not."""
+    from dagster import DagsterInstance
+
+    from megacpp_assets.cli import DAGSTER_YAML
+
+    yaml = DAGSTER_YAML if level is None else DAGSTER_YAML.replace(
+        "        env: DAGSTER_HOME\n", f"        env: DAGSTER_HOME\n      synchronous: {level}\n")
+    assert level is None or f"synchronous: {level}" in yaml
+    (tmp_path / "dagster.yaml").write_text(yaml)
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as instance:
+        events = instance.event_log_storage
+        events.store_event(_entry("run-a", "first"))
+        assert _pragmas(events, "run-a") == (code, 1, "wal")
+        assert _pragmas(events, "index")[0] == code and _pragmas(events, "index")[1] != 1
+        assert [e.user_message for e in events.get_logs_for_run("run-a")] == ["first"]
+
+
+def test_an_unknown_synchronous_level_is_refused(tmp_path):
+    from dagster import DagsterInstance
+    from dagster._core.errors import DagsterInvalidConfigError
+
+    from megacpp_assets.cli import DAGSTER_YAML
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    (tmp_path / "dagster.yaml").write_text(DAGSTER_YAML.replace("        env: DAGSTER_HOME\n",
+                                                                "        env: DAGSTER_HOME\n      synchronous: SOMETIMES\n"))
+    with environ(DAGSTER_HOME=str(tmp_path)), pytest.raises(DagsterInvalidConfigError, match="synchronous"):
+        DagsterInstance.get()
+    with pytest.raises(ValueError, match="synchronous must be one of"):
+        PooledSqliteEventLogStorage(str(tmp_path / "runs"), synchronous="normal")
+
+
 def test_what_it_writes_reads_back_through_dagsters_stock_storage(tmp_path):
     """Runs, materializations and check evaluations written through the pooled storage are
     read identically by an instance on Dagster's stock SQLite storage (the same home)."""
