@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from itertools import islice
@@ -342,9 +343,10 @@ def train_tokenizer(
     ``hybrid=True`` (default) builds the SPEC §4 layout: specials, the fixed bands of
     :data:`BANDS_VERSION`, then BPE seeded (``seed=True``) with the morphemes measured on
     ``texts``. ``hybrid=False`` is a pure byte-level BPE with only the specials (baseline).
-    ``texts`` is scanned twice and streamed into the trainer: a list, or any collection
-    iterated again from the start (:class:`megacpp_core.kept.TextColumn`); a one-shot
-    iterator is read into a list first. When the corpus yields fewer
+    ``texts`` is scanned twice, at once (the morpheme count on a thread of its own while it
+    is streamed into the trainer): a list, or any collection whose every ``iter()`` starts
+    over independently (:class:`megacpp_core.kept.TextColumn`); a one-shot iterator is read
+    into a list first. When the corpus yields fewer
     merges than needed, the remaining IDs become ``<RESERVED_BPE_i>`` special tokens and a
     warning is logged on ``megacpp.tokenizer``. Deterministic: same texts, same JSON bytes.
 
@@ -359,9 +361,10 @@ def train_tokenizer(
     bands = load_bands() if hybrid else []
     fixed = [t for b in bands for t in b.tokens]
     seeds: dict[str, int] = {}
-    if hybrid and seed:
-        hits = measure_morphemes(texts, load_seed_morphemes())
-        seeds = {m: n for m, n in hits.items() if n >= SEED_MIN_HITS}
+    # The morphemes are counted on a thread of their own while the trainer reads the
+    # texts (its word counting runs without the GIL); the seeds come after the texts.
+    counting = ThreadPoolExecutor(1, thread_name_prefix="morphemes") if hybrid and seed else None
+    hits = counting.submit(measure_morphemes, texts, load_seed_morphemes()) if counting is not None else None
 
     seen = [0, 0]  # training documents, their UTF-8 bytes
 
@@ -370,6 +373,8 @@ def train_tokenizer(
             seen[0] += 1
             seen[1] += len(t.encode("utf-8"))
             yield t
+        if hits is not None:
+            seeds.update((m, n) for m, n in hits.result().items() if n >= SEED_MIN_HITS)
         for m, n in seeds.items():  # whole-word occurrences, one per line: merges inside m come early
             yield "\n".join([m] * n)
 
@@ -381,7 +386,11 @@ def train_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(stream(), trainer=trainer)
+    try:
+        tok.train_from_iterator(stream(), trainer=trainer)
+    finally:
+        if counting is not None:
+            counting.shutdown(wait=True, cancel_futures=True)
     if fixed:
         tok, merges = _mark_fixed(tok, bands)
     else:
