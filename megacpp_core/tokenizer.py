@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -220,14 +221,16 @@ def fixed_tokens(version: str = BANDS_VERSION) -> list[str]:
     return [t for b in load_bands(version) for t in b.tokens]
 
 
-def measure_morphemes(texts: Iterable[str], morphemes: Iterable[str]) -> dict[str, int]:
+def measure_morphemes(texts: Iterable[str], morphemes: Iterable[str],
+                      stop: threading.Event | None = None) -> dict[str, int]:
     """``{morpheme: hits}``: occurrences of each morpheme inside the identifiers of ``texts``.
 
     Identifiers are ``[A-Za-z_][A-Za-z0-9_]*`` with an optional trailing ``::`` (so
     ``std::`` is counted from qualified names), one per line; overlapping hits inside one
     identifier are not double counted (``str.count`` semantics). The lines are counted
     :data:`MORPHEME_CHUNK` characters at a time (no hit spans a newline, unless a
-    morpheme holds one or is empty: then in one piece).
+    morpheme holds one or is empty: then in one piece). ``stop``, once set, ends the count
+    early (the counts returned are then partial: for a caller that no longer needs them).
     """
     morphemes = list(morphemes)
     counts = dict.fromkeys(morphemes, 0)
@@ -235,6 +238,8 @@ def measure_morphemes(texts: Iterable[str], morphemes: Iterable[str]) -> dict[st
     lines: list[str] = []
     size = 0
     for t in texts:
+        if stop is not None and stop.is_set():
+            return counts
         lines.append("\n".join(_IDENT.findall(t)))
         size += len(lines[-1]) + 1
         if chunk is not None and size >= chunk:
@@ -364,7 +369,8 @@ def train_tokenizer(
     # The morphemes are counted on a thread of their own while the trainer reads the
     # texts (its word counting runs without the GIL); the seeds come after the texts.
     counting = ThreadPoolExecutor(1, thread_name_prefix="morphemes") if hybrid and seed else None
-    hits = counting.submit(measure_morphemes, texts, load_seed_morphemes()) if counting is not None else None
+    stop = threading.Event()  # set when training ends early: the count is not needed then
+    hits = counting.submit(measure_morphemes, texts, load_seed_morphemes(), stop) if counting is not None else None
 
     seen = [0, 0]  # training documents, their UTF-8 bytes
 
@@ -390,6 +396,7 @@ def train_tokenizer(
         tok.train_from_iterator(stream(), trainer=trainer)
     finally:
         if counting is not None:
+            stop.set()
             counting.shutdown(wait=True, cancel_futures=True)
     if fixed:
         tok, merges = _mark_fixed(tok, bands)

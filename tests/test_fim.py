@@ -108,6 +108,37 @@ def test_document_too_long_for_the_markers_is_left_whole(monkeypatch):
     assert figs["fim_skipped_too_long"] == 1 and docs[0] is doc
 
 
+def _byte_table_reference(tok) -> list[bytes]:
+    """The byte table asked id by id (``id_to_token``), each model token mapped char by char
+    through GPT-2's byte table, added tokens as UTF-8, ids without a token as ``b""``."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:] + [256 + k for k in range(256 - len(bs))]
+    bs = bs + [b for b in range(256) if b not in bs]
+    inv = {chr(c): b for b, c in zip(bs, cs)}
+    added = {i: a.content for i, a in tok.get_added_tokens_decoder().items()}
+    out = []
+    for i in range(tok.get_vocab_size(with_added_tokens=True)):
+        s = added.get(i, tok.id_to_token(i) or "")
+        out.append(s.encode() if i in added or not all(ch in inv for ch in s) else bytes(inv[ch] for ch in s))
+    return out
+
+
+def test_byte_table_of_a_sparse_vocabulary_with_added_tokens_over_model_ids():
+    """Model ids with gaps, a token outside the byte alphabet, and added tokens both new and
+    re-using a model token's id: the same bytes as the id-by-id reference."""
+    from tokenizers import AddedToken, Tokenizer, models
+
+    vocab = {"a": 0, "b": 1, "Ġc": 3, "é": 5, "ĊĠĠ": 7, "\u00ff\u0100": 9}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.add_special_tokens([AddedToken("<s>", special=True), AddedToken("é", special=True)])
+    tok.add_tokens([AddedToken("b", special=False), AddedToken("std::", special=False)])
+    table = fim.token_byte_table(tok)
+    assert table == _byte_table_reference(tok)
+    assert table[3] == b" c" and table[2] == b"" and len(table) == 8  # 2: no token; 9: past the reported size
+    assert table[5] == "é".encode() and table[tok.token_to_id("<s>")] == b"<s>"
+    assert table[tok.token_to_id("std::")] == b"std::"  # an added id that a model token also has: the added token
+
+
 def test_real_tokenizer_byte_table_matches_id_by_id(tiny_run):
     """Every id of the real tiny tokenizer, against a reference that asks the tokenizer for
     each id's token and maps it char by char through GPT-2's byte table."""
@@ -115,17 +146,9 @@ def test_real_tokenizer_byte_table_matches_id_by_id(tiny_run):
 
     root, _ = tiny_run
     tok = tk.load_tokenizer(SnapshotLayout(root, "tiny").stage_dir("tokenizer") / "tokenizer.json")
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:] + [256 + k for k in range(256 - len(bs))]
-    bs = bs + [b for b in range(256) if b not in bs]
-    inv = {chr(c): b for b, c in zip(bs, cs)}
-    added = {i: a.content for i, a in tok.get_added_tokens_decoder().items()}
     table = fim.token_byte_table(tok)
     assert len(table) == tok.get_vocab_size(with_added_tokens=True)
-    for i, got in enumerate(table):
-        s = added.get(i, tok.id_to_token(i) or "")
-        want = s.encode() if i in added or not all(ch in inv for ch in s) else bytes(inv[ch] for ch in s)
-        assert got == want, i
+    assert table == _byte_table_reference(tok)
     assert table[tk.BOS_ID] == b"<BOS>" and any(len(b) > 4 for b in table)
 
 

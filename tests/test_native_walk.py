@@ -174,3 +174,30 @@ def test_build_refuses_a_binding_of_another_layout(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="does not start with the TSTree pointer"):
         build.build(src, tmp_path / "walk.so")
     assert not (tmp_path / "walk.so").exists()
+
+
+def test_a_library_that_cannot_be_loaded_falls_back_with_a_warning(tmp_path, monkeypatch):
+    bad = tmp_path / "_tswalk.so"
+    bad.write_bytes(b"not a shared object")
+    monkeypatch.setattr(tswalk, "LIBRARY", bad)
+    monkeypatch.setattr(tswalk, "_lib", None)
+    monkeypatch.setattr(tswalk, "_checked", False)
+    with pytest.warns(RuntimeWarning, match="cannot be used"):
+        assert not tswalk.available()
+    fe = enrich.enrich_file("struct A { int x; };\n", "cpp")  # the Python walk
+    assert [u.kind for u in fe.units] == ["CLASS_DECL"]
+    monkeypatch.setattr(tswalk, "_checked", False)
+
+
+def test_owners_refuse_inconsistent_node_arrays():
+    parsed = chunk.parse_source("int f(int x) { return x; }\n", "c")
+    w = enrich._Walk(parsed, native=True)
+    positions = np.arange(len(parsed.src), dtype=np.int64)
+    short = tswalk.NodeArrays(w.starts, w.ends[:-1], w.parents, w.kind_ids, w.depths, w.sibs, w.starts[:0])
+    with pytest.raises(ValueError, match="node arrays"):
+        tswalk.owners(short, positions)
+    for bad_parent in (len(w.starts) - 1, -2):  # a parent after its child, or below -1
+        parents = w.parents.copy()
+        parents[-1] = bad_parent
+        broken = tswalk.NodeArrays(w.starts, w.ends, parents, w.kind_ids, w.depths, w.sibs, w.starts[:0])
+        assert tswalk.owners(broken, positions) is None

@@ -255,3 +255,45 @@ def test_morphemes_are_counted_in_chunks_as_in_one_piece(monkeypatch):
     assert T.measure_morphemes(iter(texts), morphemes) == whole and whole["std::"] == 46
     # a morpheme with a newline or the empty one: counted in one piece ("x\na\nb\ny")
     assert T.measure_morphemes(["x a", "b y"], ["a\nb", ""]) == {"a\nb": 1, "": 8}
+
+
+def test_an_error_counting_morphemes_fails_training_and_leaves_no_thread(monkeypatch):
+    import threading
+
+    def broken(texts, morphemes, stop=None):
+        raise RuntimeError("morpheme count failed")
+
+    monkeypatch.setattr(T, "measure_morphemes", broken)
+    before = threading.active_count()
+    with pytest.raises(RuntimeError, match="morpheme count failed"):
+        T.train_tokenizer(["int main() { return 0; }\n"] * 20, vocab_size=4096)
+    assert threading.active_count() == before
+
+
+def test_training_that_fails_stops_the_morpheme_count(monkeypatch):
+    """The count runs beside the trainer; when training ends early the count is told to
+    stop instead of reading every text first."""
+    import threading
+    import time
+
+    read = []
+
+    class SlowTexts:  # every iter() starts over, as TextColumn's
+        def __iter__(self):
+            for i in range(5000):
+                if threading.current_thread().name.startswith("morphemes"):
+                    read.append(i)
+                    time.sleep(0.001)
+                yield f"int f{i}(void);\n"
+
+        def __len__(self):
+            return 5000
+
+    class FailingTokenizer:
+        def train_from_iterator(self, iterator, trainer):
+            raise RuntimeError("trainer failed")
+
+    monkeypatch.setattr(T, "new_tokenizer", lambda hybrid=True: FailingTokenizer())
+    with pytest.raises(RuntimeError, match="trainer failed"):
+        T.train_tokenizer(SlowTexts(), vocab_size=4096)
+    assert 0 < len(read) < 5000

@@ -3,16 +3,20 @@
 ``make install`` runs it. Steps:
 
 1. The installed py-tree-sitter release (``importlib.metadata``) is looked up, and its
-   source distribution is fetched with pip (``pip download --no-binary :all: --no-deps``)
-   into ``--src-dir`` (default: ``share/megacpp`` under the interpreter's prefix, so a
-   virtualenv keeps it) unless it is already there. The sdist carries the tree-sitter core
-   the binding was compiled from (``tree_sitter/core/lib``).
+   source distribution is fetched with pip (``pip download --no-binary tree-sitter
+   --no-deps``) into ``--src-dir`` (default: ``share/megacpp`` under the interpreter's
+   prefix, so a virtualenv keeps it) unless it is already there. Its sha256 must be the one
+   pinned in :data:`SDIST_SHA256` for that release (a release not pinned there is refused).
+   The sdist carries the tree-sitter core the binding was compiled from
+   (``tree_sitter/core/lib``).
 2. The archive is unpacked with the ``data`` extraction filter (no links out, no absolute
-   paths), and the binding's ``Tree`` struct is checked to start with the ``TSTree``
-   pointer that :mod:`megacpp_core.native.tswalk` reads.
+   paths; Python 3.11.4 or later), and the binding's ``Tree`` struct is checked to start
+   with the ``TSTree`` pointer that :mod:`megacpp_core.native.tswalk` reads.
 3. ``cc`` (``$CC``) compiles the core's single-file build ``lib.c`` with ``tswalk.c``
    (flags and macros as py-tree-sitter's own ``setup.py``: C11, ``_POSIX_C_SOURCE``,
-   ``_DEFAULT_SOURCE``) into a temporary file that is then renamed into place.
+   ``_DEFAULT_SOURCE``, hidden symbols with ``TREE_SITTER_HIDE_SYMBOLS``; only the
+   ``megacpp_ts_*`` functions are exported) into a temporary file that is then renamed
+   into place.
 
 Nothing from a corpus is compiled or run. Exits non-zero with the reason on any failure;
 without the library, enrichment runs its Python walk (same output, slower).
@@ -21,6 +25,7 @@ without the library, enrichment runs its Python walk (same output, slower).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import os
 import re
@@ -34,6 +39,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 #: The library :mod:`megacpp_core.native.tswalk` loads.
 LIBRARY = HERE / "_tswalk.so"
+#: sha256 of the py-tree-sitter sdists the build accepts, by release (the release is pinned
+#: in ``pyproject.toml``; a new pin needs its sdist's hash here).
+SDIST_SHA256 = {"0.26.1": "9919cbaf02d17fa9a4cd0e6da496aecf901b758e6eacf122eee393e3ef08aacd"}
 #: The start of py-tree-sitter's ``Tree`` object (``tree_sitter/binding/types.h``) that the
 #: loader relies on: the ``TSTree`` pointer right after ``PyObject_HEAD``.
 _TREE_STRUCT = re.compile(r"typedef struct \{\s*PyObject_HEAD\s*TSTree \*tree;")
@@ -44,13 +52,20 @@ def _sdist(version: str, src_dir: Path) -> Path:
     root = src_dir / f"tree_sitter-{version}"
     if (root / "tree_sitter" / "core" / "lib" / "src" / "lib.c").is_file():
         return root
+    if version not in SDIST_SHA256:
+        raise SystemExit(f"py-tree-sitter {version} has no pinned sdist sha256 in {__name__}.SDIST_SHA256")
+    if not hasattr(tarfile, "data_filter"):
+        raise SystemExit("unpacking the sdist safely needs Python 3.11.4 or later (tarfile's data filter)")
     src_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=src_dir) as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", "tree-sitter", "--no-deps",
                         "--dest", tmp, f"tree-sitter=={version}"], check=True)
         archives = sorted(Path(tmp).glob("tree_sitter-*.tar.gz"))
         if len(archives) != 1:
             raise SystemExit(f"expected one tree-sitter {version} sdist, pip gave {[a.name for a in Path(tmp).iterdir()]}")
+        digest = hashlib.sha256(archives[0].read_bytes()).hexdigest()
+        if digest != SDIST_SHA256[version]:
+            raise SystemExit(f"{archives[0].name}: sha256 {digest}, pinned {SDIST_SHA256[version]}")
         with tarfile.open(archives[0]) as tar:
             tar.extractall(tmp, filter="data")
         unpacked = Path(tmp) / f"tree_sitter-{version}"
@@ -75,7 +90,8 @@ def build(src_dir: Path, out: Path = LIBRARY, cc: str | None = None) -> Path:
     lib = root / "tree_sitter" / "core" / "lib"
     cc = cc or os.environ.get("CC") or "cc"
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-D_POSIX_C_SOURCE=200112L", "-D_DEFAULT_SOURCE",
+    cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden", "-D_POSIX_C_SOURCE=200112L",
+           "-D_DEFAULT_SOURCE", "-DTREE_SITTER_HIDE_SYMBOLS",
            f'-DMEGACPP_TS_VERSION="{version}"', f"-I{lib / 'include'}", f"-I{lib / 'src'}",
            str(lib / "src" / "lib.c"), str(HERE / "tswalk.c"), "-o", str(tmp)]
     try:

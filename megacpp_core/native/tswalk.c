@@ -12,11 +12,14 @@
 #error "MEGACPP_TS_VERSION (the py-tree-sitter release of the core) must be defined"
 #endif
 
+/* Built with -fvisibility=hidden: only these functions are exported. */
+#define EXPORT __attribute__((visibility("default")))
+
 /* The py-tree-sitter release whose core this library was compiled from. */
-const char *megacpp_ts_version(void) { return MEGACPP_TS_VERSION; }
+EXPORT const char *megacpp_ts_version(void) { return MEGACPP_TS_VERSION; }
 
 /* Number of nodes a walk visits: every node, named or anonymous, the root included. */
-uint32_t megacpp_ts_count(const TSTree *tree) {
+EXPORT uint32_t megacpp_ts_count(const TSTree *tree) {
     return ts_node_descendant_count(ts_tree_root_node(tree));
 }
 
@@ -27,7 +30,7 @@ uint32_t megacpp_ts_count(const TSTree *tree) {
  * whose recorded[kind] is non-zero (`recorded`: 65,536 flags); *npicked their number.
  * Every array holds `cap` entries. Returns the number of nodes, or -1 when `cap` is short
  * (nothing else is valid then). */
-int64_t megacpp_ts_walk(const TSTree *tree, int64_t cap, const uint8_t *recorded, int64_t clamp,
+EXPORT int64_t megacpp_ts_walk(const TSTree *tree, int64_t cap, const uint8_t *recorded, int64_t clamp,
                         int64_t *starts, int64_t *ends, int64_t *parents, int64_t *kinds,
                         int64_t *depths, int64_t *sibs, int64_t *picked, int64_t *npicked) {
     TSTreeCursor c = ts_tree_cursor_new(ts_tree_root_node(tree));
@@ -72,15 +75,16 @@ done:
 }
 
 /* For each byte position pos[k] (non-decreasing), the innermost node holding it: the last
- * node (pre-order arrays of megacpp_ts_walk, n nodes, starts non-decreasing) starting at or
- * before it, or the nearest ancestor of that node that ends after it; -1 when none does.
- * Writes out[k]. Returns 0, or -1 when starts or positions are not non-decreasing (nothing
- * is valid then). Linear in n + m: while no new node starts, the next position's answer is
- * an ancestor-or-self of the previous one. */
-int64_t megacpp_ts_owners(int64_t n, const int64_t *starts, const int64_t *ends, const int64_t *parents,
+ * node (pre-order arrays of megacpp_ts_walk, n nodes each, starts non-decreasing, every
+ * parent before its child) starting at or before it, or the nearest ancestor of that node
+ * that ends after it; -1 when none does. Writes out[k]. Returns 0, or -1 when the starts or
+ * positions are not non-decreasing or a parent index is not in [-1, i) (nothing is valid
+ * then). Linear in n + m: while no new node starts, the next position's answer is an
+ * ancestor-or-self of the previous one. */
+EXPORT int64_t megacpp_ts_owners(int64_t n, const int64_t *starts, const int64_t *ends, const int64_t *parents,
                           int64_t m, const int64_t *pos, int64_t *out) {
-    for (int64_t i = 1; i < n; i++)
-        if (starts[i] < starts[i - 1]) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if ((i > 0 && starts[i] < starts[i - 1]) || parents[i] < -1 || parents[i] >= i) return -1;
     int64_t j = -1, cur = -1, last = INT64_MIN;
     for (int64_t k = 0; k < m; k++) {
         int64_t b = pos[k];

@@ -65,10 +65,15 @@ def _load() -> ctypes.CDLL | None:
     _checked = True
     if os.environ.get("MEGACPP_NATIVE_WALK", "1") == "0" or not LIBRARY.is_file():
         return None
-    lib = ctypes.CDLL(str(LIBRARY))
-    lib.megacpp_ts_version.restype = ctypes.c_char_p
-    lib.megacpp_ts_version.argtypes = []
-    built, installed = lib.megacpp_ts_version().decode(), importlib.metadata.version("tree-sitter")
+    try:
+        lib = ctypes.CDLL(str(LIBRARY))
+        lib.megacpp_ts_version.restype = ctypes.c_char_p
+        lib.megacpp_ts_version.argtypes = []
+        built, installed = lib.megacpp_ts_version().decode(), importlib.metadata.version("tree-sitter")
+    except (OSError, AttributeError, UnicodeDecodeError, importlib.metadata.PackageNotFoundError) as e:
+        warnings.warn(f"{LIBRARY} cannot be used ({type(e).__name__}: {e}); using the Python walk. "
+                      "Rebuild it: python -m megacpp_core.native.build", RuntimeWarning, stacklevel=3)
+        return None
     if built != installed or tree_sitter.Tree.__basicsize__ != _TREE_SIZE:
         warnings.warn(f"{LIBRARY.name} was built for py-tree-sitter {built}, {installed} is installed "
                       f"(Tree size {tree_sitter.Tree.__basicsize__}, expected {_TREE_SIZE}); using the Python walk. "
@@ -122,12 +127,16 @@ def owners(nodes: NodeArrays, positions: np.ndarray) -> np.ndarray | None:
     the index of the innermost node of ``nodes`` holding it (the last node starting at or
     before it, else that node's nearest ancestor ending after it), -1 where none does; the
     same as the vectorized search of :func:`megacpp_core.enrich._ast_planes`, in one
-    linear pass. None when the node starts or the positions are not non-decreasing.
-    Raises ``RuntimeError`` when the library is not :func:`available`."""
+    linear pass. None when the node starts or the positions are not non-decreasing, or a
+    node's parent is not an earlier node (-1 for none). Raises ``RuntimeError`` when the
+    library is not :func:`available`, ``ValueError`` when ``starts``, ``ends`` and
+    ``parents`` differ in length."""
     lib = _load()
     if lib is None:
         raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
     arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (nodes.starts, nodes.ends, nodes.parents, positions)]
+    if not len(arrays[0]) == len(arrays[1]) == len(arrays[2]):
+        raise ValueError(f"node arrays of {len(arrays[0])}, {len(arrays[1])} and {len(arrays[2])} entries")
     out = np.empty(len(arrays[3]), dtype=np.int64)
     ok = lib.megacpp_ts_owners(len(arrays[0]), arrays[0].ctypes.data, arrays[1].ctypes.data, arrays[2].ctypes.data,
                                len(arrays[3]), arrays[3].ctypes.data, out.ctypes.data)
