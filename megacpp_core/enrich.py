@@ -50,7 +50,6 @@ import tree_sitter_c
 import tree_sitter_cpp
 
 from . import ast_types, chunk, tree_arrays
-from .native import tswalk
 from .chunk import ParsedSource, StructureCategory
 
 __all__ = ["ENRICHMENT_VERSION", "MAX_DEPTH", "Unit", "FileEnrichment", "DocumentEnrichment", "enrich_file",
@@ -87,16 +86,14 @@ _TYPE_CONTEXT, _STATEMENTS, _CLASS_BODY = 1, 2, 3
 _ERROR_KIND = 65535
 #: Per grammar: ``uint8[65536]`` role of every ``kind_id`` (0: none).
 _ROLES: dict[str, np.ndarray] = {}
-#: Per grammar: ``uint8[65536]`` recorded flag of every ``kind_id`` (:func:`_kinds`).
-_RECORDED_FLAGS: dict[str, np.ndarray] = {}
 
 
 @functools.lru_cache(maxsize=None)
 def _kinds(grammar: str) -> tuple[dict[int, str], bytearray, bytearray]:
     """``(kind_id -> type, recorded, role)`` over the named node kinds (all alias ids):
     the types of :data:`_RECORDED`, a 65,536-entry flag table of them (2 for the kinds of
-    :data:`_WITH_NODE`, 1 for the others; numpy in :data:`_RECORDED_FLAGS`), and the role
-    table (numpy in :data:`_ROLES`)."""
+    :data:`_WITH_NODE`, 1 for the others: :func:`megacpp_core.tree_arrays.walk`), and the
+    role table (numpy in :data:`_ROLES`)."""
     lang = tree_sitter.Language(tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language())
     names, recorded, role = {}, bytearray(65536), bytearray(65536)
     for i in range(lang.node_kind_count):
@@ -113,7 +110,6 @@ def _kinds(grammar: str) -> tuple[dict[int, str], bytearray, bytearray]:
         elif name == "field_declaration_list":
             role[i] = _CLASS_BODY
     _ROLES[grammar] = np.frombuffer(bytes(role), dtype=np.uint8)
-    _RECORDED_FLAGS[grammar] = np.frombuffer(bytes(recorded), dtype=np.uint8)
     return names, recorded, role
 
 
@@ -223,34 +219,19 @@ class _Walk:
     structure, edge and name rules record for their node kinds (``paint`` in pre-order,
     ``calls``, ``uses``, ``fn_defs``, ``type_defs``).
 
-    The walk is native (:mod:`megacpp_core.native.tswalk`, one C call per tree) when the
-    library is built, else a Python cursor loop; ``native`` forces one or the other. Both
-    give the same arrays. Python ``Node`` objects are made only for the nodes of recorded
-    kinds. The two contexts of the rules come from the arrays (numpy): whether a
-    ``type_identifier`` lies in a base-class, member or parameter declaration (the nearest
+    The walk is :func:`megacpp_core.tree_arrays.walk` (native when the library is built,
+    ``native`` forces one or the other; the same arrays either way), with Python ``Node``
+    objects only for the recorded kinds whose rule reads fields. The two contexts of the
+    rules come from the arrays (numpy): whether a ``type_identifier`` lies in a base-class, member or parameter declaration (the nearest
     such declaration or ``compound_statement`` above it decides) and whether a node sits
     directly in a class body. Raises ``RuntimeError`` when ``native`` is True and the
     library is not available."""
 
     def __init__(self, parsed: ParsedSource, native: bool | None = None):
         names, recorded, _ = _kinds(parsed.grammar)
-        if tswalk.available() if native is None else native:
-            arrays = tswalk.walk(parsed.tree, recorded, MAX_DEPTH)
-            self.starts, self.ends, self.parents, self.kind_ids = arrays.starts, arrays.ends, arrays.parents, arrays.kind_ids
-            self.depths, self.sibs = arrays.depths, arrays.sibs
-            ids = arrays.picked
-            c = parsed.tree.walk()
-            goto, nodes = c.goto_descendant, []
-            # Node objects only for the nodes whose rule reads their fields (None: the rule
-            # needs the kind and the byte range only)
-            for i, flag in zip(ids.tolist(), _RECORDED_FLAGS[parsed.grammar][self.kind_ids[ids]].tolist()):
-                if flag == 2:
-                    goto(i)
-                    nodes.append(c.node)
-                else:
-                    nodes.append(None)
-        else:
-            ids, nodes = self._python_walk(parsed, recorded)
+        arrays, nodes = tree_arrays.walk(parsed.tree, recorded, native)
+        self.starts, self.ends, self.parents, self.kind_ids = arrays.starts, arrays.ends, arrays.parents, arrays.kind_ids
+        self.depths, self.sibs, ids = arrays.depths, arrays.sibs, arrays.picked
         starts, ends, kinds = self.starts[ids].tolist(), self.ends[ids].tolist(), self.kind_ids[ids].tolist()
         up = self.parents[ids]
         in_class = ((up >= 0) & (_ROLES[parsed.grammar][self.kind_ids[np.maximum(up, 0)]] == _CLASS_BODY)).tolist()
@@ -274,45 +255,6 @@ class _Walk:
                                                  _TYPE_CONTEXT, _STATEMENTS)
             self.uses = [(sb, src[sb:eb].decode("utf-8", "replace"))
                          for (_, sb, eb), ok in zip(type_ids, inside.tolist()) if ok]
-
-    def _python_walk(self, parsed: ParsedSource, recorded: bytearray) -> tuple[np.ndarray, list]:
-        """The node arrays by a Python cursor loop (when the native walk is not available);
-        returns the indices (``int64[m]``) and nodes of the recorded nodes, in pre-order."""
-        starts, ends, parents, kind_ids, ids, nodes = [], [], [], [], [], []
-        sa, ea, pa, ka = starts.append, ends.append, parents.append, kind_ids.append
-        c = parsed.tree.walk()
-        down, right, up = c.goto_first_child, c.goto_next_sibling, c.goto_parent
-        stack: list[int] = []
-        parent, n = -1, 0
-        while True:
-            node = c.node
-            kid = node.kind_id
-            sa(node.start_byte)
-            ea(node.end_byte)
-            pa(parent)
-            ka(kid)
-            if recorded[kid]:
-                ids.append(n)
-                nodes.append(node)
-            if down():
-                stack.append(parent)
-                parent = n
-                n += 1
-                continue
-            n += 1
-            while not right():
-                if not up():
-                    break
-                parent = stack.pop()
-            else:
-                continue
-            break
-        self.starts = np.asarray(starts, dtype=np.int64)
-        self.ends = np.asarray(ends, dtype=np.int64)
-        self.parents = np.asarray(parents, dtype=np.int64)
-        self.kind_ids = np.asarray(kind_ids, dtype=np.int64)
-        self.depths, self.sibs = tree_arrays.depths(self.parents), tree_arrays.sibling_index(self.parents)
-        return np.asarray(ids, dtype=np.int64), nodes
 
     def _special(self, node, t: str, sb: int, eb: int, src: bytes, in_class: bool) -> None:
         """Record what ``node`` of type ``t`` contributes (``in_class``: its parent is a class body)."""
@@ -381,27 +323,15 @@ class _Walk:
 def _ast_planes(parsed: ParsedSource, w: _Walk, char_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-character (depth, sibling index, node-type bucket) of the innermost node.
 
-    For nested intervals in pre-order, the last node starting at or before a position
-    holds it unless it ended before; then an ancestor does (one linear native pass,
-    :func:`megacpp_core.native.tswalk.owners`, or a vectorized numpy walk up). Characters
-    outside every node get 0 in all three planes. Each plane is a per-node uint8 table
-    gathered once per character.
+    The innermost node of each character's first byte: :func:`megacpp_core.tree_arrays.innermost`.
+    Characters outside every node get 0 in all three planes. Each plane is a per-node
+    uint8 table gathered once per character.
     """
     n = len(char_bytes)
     if not len(w.starts) or not n:
         z = np.zeros(n, dtype=np.uint8)
         return z, z.copy(), z.copy()
-    idx = tswalk.owners(w, char_bytes) if tswalk.available() else None
-    if idx is None:
-        idx = np.searchsorted(w.starts, char_bytes, side="right") - 1
-        # walk up only the positions still outside their node (each pass shrinks the set, so
-        # deep chains such as long else-if ladders stay linear in the positions that move)
-        act = np.flatnonzero(idx >= 0)
-        act = act[w.ends[idx[act]] <= char_bytes[act]]
-        while act.size:
-            idx[act] = w.parents[idx[act]]
-            act = act[idx[act] >= 0]
-            act = act[w.ends[idx[act]] <= char_bytes[act]]
+    idx = tree_arrays.innermost(w.starts, w.ends, w.parents, char_bytes)
     idx[idx < 0] = len(w.starts)  # the extra last entry of each table: 0
     table = ast_types.bucket_table(parsed.grammar)
     kid = w.kind_ids

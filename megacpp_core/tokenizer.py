@@ -54,6 +54,7 @@ import numpy as np
 import tokenizers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from megacpp_core.morphemes import measure_morphemes
 from megacpp_core.tables import atomic_write_text, sha256_file
 
 log = logging.getLogger("megacpp.tokenizer")
@@ -94,10 +95,6 @@ CODE_PATTERN = (
     r"| ?[^\s\p{L}\p{N}_]+(?:\s+(?!\S))?"
     r"|\s+(?!\S)|\s+"
 )
-#: Characters of identifier lines counted at a time by :func:`measure_morphemes`.
-MORPHEME_CHUNK = 1 << 22
-#: Identifiers (optionally ``::``-qualified prefix) counted when measuring seed morphemes.
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:::)?")
 
 _NAMED_SPECIALS = [
     "<PAD>", "<UNK>", "<BOS>", "<EOS>",
@@ -219,37 +216,6 @@ def load_seed_morphemes(version: str = BANDS_VERSION) -> list[str]:
 def fixed_tokens(version: str = BANDS_VERSION) -> list[str]:
     """Every fixed token in ID order; ``fixed_tokens()[i]`` has ID ``NUM_SPECIAL + i``."""
     return [t for b in load_bands(version) for t in b.tokens]
-
-
-def measure_morphemes(texts: Iterable[str], morphemes: Iterable[str],
-                      stop: threading.Event | None = None) -> dict[str, int]:
-    """``{morpheme: hits}``: occurrences of each morpheme inside the identifiers of ``texts``.
-
-    Identifiers are ``[A-Za-z_][A-Za-z0-9_]*`` with an optional trailing ``::`` (so
-    ``std::`` is counted from qualified names), one per line; overlapping hits inside one
-    identifier are not double counted (``str.count`` semantics). The lines are counted
-    :data:`MORPHEME_CHUNK` characters at a time (no hit spans a newline, unless a
-    morpheme holds one or is empty: then in one piece). ``stop``, once set, ends the count
-    early (the counts returned are then partial: for a caller that no longer needs them).
-    """
-    morphemes = list(morphemes)
-    counts = dict.fromkeys(morphemes, 0)
-    chunk = None if any(not m or "\n" in m for m in morphemes) else MORPHEME_CHUNK
-    lines: list[str] = []
-    size = 0
-    for t in texts:
-        if stop is not None and stop.is_set():
-            return counts
-        lines.append("\n".join(_IDENT.findall(t)))
-        size += len(lines[-1]) + 1
-        if chunk is not None and size >= chunk:
-            stream, lines, size = "\n".join(lines), [], 0
-            for m in counts:
-                counts[m] += stream.count(m)
-    stream = "\n".join(lines)
-    for m in counts:
-        counts[m] += stream.count(m)
-    return counts
 
 
 class TokenizerMismatchError(ValueError):
@@ -395,8 +361,8 @@ def train_tokenizer(
     try:
         tok.train_from_iterator(stream(), trainer=trainer)
     finally:
+        stop.set()
         if counting is not None:
-            stop.set()
             counting.shutdown(wait=True, cancel_futures=True)
     if fixed:
         tok, merges = _mark_fixed(tok, bands)
@@ -616,10 +582,6 @@ def check_round_trip(tok: Tokenizer, texts: Iterable[tuple[str, str]], batch: in
     pairs = iter(texts)
     while chunk := list(islice(pairs, batch)):
         keys, docs = zip(*chunk)
-        ids = [e.ids for e in encode(list(docs), add_special_tokens=False)]
-        # ids from the encoder are in range, so :func:`decode`'s range check is moot here;
-        # decode_batch runs in the tokenizers thread pool
-        for key, doc, back in zip(keys, docs, tok.decode_batch(ids, skip_special_tokens=False)):
-            if back != doc:
-                failed.append(key)
+        ids = [e.ids for e in encode(list(docs), add_special_tokens=False)]  # in range: no check as in decode()
+        failed += [k for k, doc, back in zip(keys, docs, tok.decode_batch(ids, skip_special_tokens=False)) if back != doc]
     return failed

@@ -1,12 +1,15 @@
 """Numpy views of a parsed tree as arrays over its nodes in pre-order (stage 6 enrichment):
-ancestor depth, index among siblings and the role of the nearest marked ancestor, each
-computed for all nodes at once from the parent array (``int64[n]``, -1 for the root)
-instead of a Python walk per node.
+the nodes themselves (:func:`walk`: offsets, parents, kinds, native or Python), ancestor
+depth, index among siblings, the role of the nearest marked ancestor and the innermost
+node of byte positions, each computed for all nodes at once from the arrays (the parent
+array is ``int64[n]``, -1 for the root) instead of a Python walk per node.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from .native import tswalk
 
 #: Clamp of ``ast_depth`` and ``sibling_index`` (SPEC §4: "clamped 63").
 MAX_DEPTH = 63
@@ -59,3 +62,81 @@ def nearest_role_is(nodes: np.ndarray, parents: np.ndarray, roles: np.ndarray, y
         cur[act] = parents[cur[act]]
         act = act[cur[act] >= 0]
     return out
+
+
+def walk(tree, flags: bytearray, native: bool | None = None) -> tuple[tswalk.NodeArrays, list]:
+    """Every node of ``tree`` (a ``tree_sitter.Tree``) in pre-order as
+    :class:`~megacpp_core.native.tswalk.NodeArrays` (depths and sibling indices clamped at
+    :data:`MAX_DEPTH`; ``picked``: the nodes whose ``flags[kind_id]`` is non-zero, ``flags``
+    being 65,536 bytes), and per picked node its ``tree_sitter.Node`` when its flag is 2,
+    else None. Native (:func:`megacpp_core.native.tswalk.walk`, then a cursor
+    ``goto_descendant`` per Node wanted) when the library is available, else a Python
+    cursor loop; ``native`` forces one or the other (``RuntimeError`` from the native walk
+    when it is True and the library is not available). Both give the same result."""
+    if tswalk.available() if native is None else native:
+        arrays = tswalk.walk(tree, flags, MAX_DEPTH)
+        c, nodes = tree.walk(), []
+        goto = c.goto_descendant
+        for i, k in zip(arrays.picked.tolist(), arrays.kind_ids[arrays.picked].tolist()):
+            if flags[k] == 2:
+                goto(i)
+                nodes.append(c.node)
+            else:
+                nodes.append(None)
+        return arrays, nodes
+    starts, ends, parents, kind_ids, ids, nodes = [], [], [], [], [], []
+    sa, ea, pa, ka = starts.append, ends.append, parents.append, kind_ids.append
+    c = tree.walk()
+    down, right, up = c.goto_first_child, c.goto_next_sibling, c.goto_parent
+    stack: list[int] = []
+    parent, n = -1, 0
+    while True:
+        node = c.node
+        kid = node.kind_id
+        sa(node.start_byte)
+        ea(node.end_byte)
+        pa(parent)
+        ka(kid)
+        if flags[kid]:
+            ids.append(n)
+            nodes.append(node if flags[kid] == 2 else None)
+        if down():
+            stack.append(parent)
+            parent = n
+            n += 1
+            continue
+        n += 1
+        while not right():
+            if not up():
+                break
+            parent = stack.pop()
+        else:
+            continue
+        break
+    p = np.asarray(parents, dtype=np.int64)
+    arrays = tswalk.NodeArrays(np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64), p,
+                               np.asarray(kind_ids, dtype=np.int64), depths(p), sibling_index(p),
+                               np.asarray(ids, dtype=np.int64))
+    return arrays, nodes
+
+
+def innermost(starts: np.ndarray, ends: np.ndarray, parents: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``int64[m]``: for each byte offset of ``positions`` (non-decreasing), the innermost
+    node holding it, -1 where none does: for nested intervals in pre-order, the last node
+    starting at or before the position holds it unless it ended before; then an ancestor
+    does. One linear native pass (:func:`megacpp_core.native.tswalk.owners`) when the
+    library is available, else a vectorized walk up (each pass moves only the positions
+    still outside their node, so deep chains such as long else-if ladders stay linear in
+    the positions that move)."""
+    if tswalk.available():
+        idx = tswalk.owners(starts, ends, parents, positions)
+        if idx is not None:
+            return idx
+    idx = np.searchsorted(starts, positions, side="right") - 1
+    act = np.flatnonzero(idx >= 0)
+    act = act[ends[idx[act]] <= positions[act]]
+    while act.size:
+        idx[act] = parents[idx[act]]
+        act = act[idx[act] >= 0]
+        act = act[ends[idx[act]] <= positions[act]]
+    return idx

@@ -109,14 +109,13 @@ def test_owners_equal_the_numpy_search_and_refuse_unsorted_input(monkeypatch):
         m.setattr(tswalk, "_lib", None)
         m.setattr(tswalk, "_checked", True)
         expected = enrich._ast_planes(parsed, w, positions)  # the numpy search
-    idx = tswalk.owners(w, positions)
+    idx = tswalk.owners(w.starts, w.ends, w.parents, positions)
     assert idx is not None and idx.dtype == np.int64 and idx[-1] == -1  # past the end: no node
     assert parsed.tree.root_node.child(0).child(0).type == "namespace" and idx[0] == 2  # its first leaf
     for got, want in zip(enrich._ast_planes(parsed, w, positions), expected):
         assert np.array_equal(got, want)
-    assert tswalk.owners(w, positions[::-1].copy()) is None  # positions going back
-    w.starts = w.starts[::-1].copy()
-    assert tswalk.owners(w, positions) is None  # node starts going back
+    assert tswalk.owners(w.starts, w.ends, w.parents, positions[::-1].copy()) is None  # positions going back
+    assert tswalk.owners(w.starts[::-1].copy(), w.ends, w.parents, positions) is None  # node starts going back
 
 
 def test_walk_refuses_wrong_arguments():
@@ -193,11 +192,9 @@ def test_owners_refuse_inconsistent_node_arrays():
     parsed = chunk.parse_source("int f(int x) { return x; }\n", "c")
     w = enrich._Walk(parsed, native=True)
     positions = np.arange(len(parsed.src), dtype=np.int64)
-    short = tswalk.NodeArrays(w.starts, w.ends[:-1], w.parents, w.kind_ids, w.depths, w.sibs, w.starts[:0])
     with pytest.raises(ValueError, match="node arrays"):
-        tswalk.owners(short, positions)
+        tswalk.owners(w.starts, w.ends[:-1], w.parents, positions)
     for bad_parent in (len(w.starts) - 1, -2):  # a parent after its child, or below -1
         parents = w.parents.copy()
         parents[-1] = bad_parent
-        broken = tswalk.NodeArrays(w.starts, w.ends, parents, w.kind_ids, w.depths, w.sibs, w.starts[:0])
-        assert tswalk.owners(broken, positions) is None
+        assert tswalk.owners(w.starts, w.ends, parents, positions) is None

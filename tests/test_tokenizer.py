@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from megacpp_core import morphemes as morpheme_count
 from megacpp_core import tokenizer as T
 
 VOCAB = 65536
@@ -251,7 +252,7 @@ def test_morphemes_are_counted_in_chunks_as_in_one_piece(monkeypatch):
     texts = c_corpus(40) + ["std::vector<int> init_value; std::init readValue;"] * 3
     morphemes = ["std::", "init", "value", "Widget", "help", "zzz"]
     whole = T.measure_morphemes(texts, morphemes)
-    monkeypatch.setattr(T, "MORPHEME_CHUNK", 64)
+    monkeypatch.setattr(morpheme_count, "MORPHEME_CHUNK", 64)
     assert T.measure_morphemes(iter(texts), morphemes) == whole and whole["std::"] == 46
     # a morpheme with a newline or the empty one: counted in one piece ("x\na\nb\ny")
     assert T.measure_morphemes(["x a", "b y"], ["a\nb", ""]) == {"a\nb": 1, "": 8}

@@ -122,19 +122,19 @@ def walk(tree: tree_sitter.Tree, flagged: bytearray, clamp: int) -> NodeArrays:
     return NodeArrays(out[0], out[1], out[2], out[3], out[4], out[5], out[6, :npicked.value].copy())
 
 
-def owners(nodes: NodeArrays, positions: np.ndarray) -> np.ndarray | None:
+def owners(starts: np.ndarray, ends: np.ndarray, parents: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
     """``int64[m]``: for each byte offset of ``positions`` (``int64[m]``, non-decreasing),
-    the index of the innermost node of ``nodes`` holding it (the last node starting at or
-    before it, else that node's nearest ancestor ending after it), -1 where none does; the
-    same as the vectorized search of :func:`megacpp_core.enrich._ast_planes`, in one
-    linear pass. None when the node starts or the positions are not non-decreasing, or a
-    node's parent is not an earlier node (-1 for none). Raises ``RuntimeError`` when the
-    library is not :func:`available`, ``ValueError`` when ``starts``, ``ends`` and
-    ``parents`` differ in length."""
+    the index of the innermost node holding it (the last node starting at or before it,
+    else that node's nearest ancestor ending after it), -1 where none does, over nodes in
+    pre-order given as ``int64[n]`` arrays (as :class:`NodeArrays`); the same as the
+    vectorized search of :func:`megacpp_core.tree_arrays.innermost`, in one linear pass.
+    None when the node starts or the positions are not non-decreasing, or a node's parent
+    is not an earlier node (-1 for none). Raises ``RuntimeError`` when the library is not
+    :func:`available`, ``ValueError`` when the three node arrays differ in length."""
     lib = _load()
     if lib is None:
         raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
-    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (nodes.starts, nodes.ends, nodes.parents, positions)]
+    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (starts, ends, parents, positions)]
     if not len(arrays[0]) == len(arrays[1]) == len(arrays[2]):
         raise ValueError(f"node arrays of {len(arrays[0])}, {len(arrays[1])} and {len(arrays[2])} entries")
     out = np.empty(len(arrays[3]), dtype=np.int64)
