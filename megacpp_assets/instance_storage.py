@@ -59,6 +59,7 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from dagster import Enum, EnumValue, Field, StringSource
 from dagster._core.storage.event_log.schema import SqlEventLogStorageMetadata
 from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
@@ -68,7 +69,6 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
 )
 from dagster._core.storage.sql import get_alembic_config
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
-from dagster import Enum, EnumValue, Field, StringSource
 from dagster._serdes import ConfigurableClassData
 
 #: Run databases whose engine a process keeps (least recently used closed first). A

@@ -89,11 +89,11 @@ _ROLES: dict[str, np.ndarray] = {}
 
 
 @functools.lru_cache(maxsize=None)
-def _kinds(grammar: str) -> tuple[dict[int, str], bytearray, bytearray]:
-    """``(kind_id -> type, recorded, role)`` over the named node kinds (all alias ids):
-    the types of :data:`_RECORDED`, a 65,536-entry flag table of them (2 for the kinds of
-    :data:`_WITH_NODE`, 1 for the others: :func:`megacpp_core.tree_arrays.walk`), and the
-    role table (numpy in :data:`_ROLES`)."""
+def _kinds(grammar: str) -> tuple[dict[int, str], bytearray]:
+    """``(kind_id -> type, recorded)`` over the named node kinds (all alias ids): the
+    types of :data:`_RECORDED` and a 65,536-entry flag table of them (2 for the kinds of
+    :data:`_WITH_NODE`, 1 for the others: :func:`megacpp_core.tree_arrays.walk`); the role
+    of every kind goes to :data:`_ROLES`."""
     lang = tree_sitter.Language(tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language())
     names, recorded, role = {}, bytearray(65536), bytearray(65536)
     for i in range(lang.node_kind_count):
@@ -110,7 +110,7 @@ def _kinds(grammar: str) -> tuple[dict[int, str], bytearray, bytearray]:
         elif name == "field_declaration_list":
             role[i] = _CLASS_BODY
     _ROLES[grammar] = np.frombuffer(bytes(role), dtype=np.uint8)
-    return names, recorded, role
+    return names, recorded
 
 
 def _last_name(text: str) -> str:
@@ -222,13 +222,13 @@ class _Walk:
     The walk is :func:`megacpp_core.tree_arrays.walk` (native when the library is built,
     ``native`` forces one or the other; the same arrays either way), with Python ``Node``
     objects only for the recorded kinds whose rule reads fields. The two contexts of the
-    rules come from the arrays (numpy): whether a ``type_identifier`` lies in a base-class, member or parameter declaration (the nearest
-    such declaration or ``compound_statement`` above it decides) and whether a node sits
-    directly in a class body. Raises ``RuntimeError`` when ``native`` is True and the
-    library is not available."""
+    rules come from the arrays (numpy): whether a ``type_identifier`` lies in a
+    base-class, member or parameter declaration (the nearest such declaration or
+    ``compound_statement`` above it decides) and whether a node sits directly in a class
+    body. Raises ``RuntimeError`` when ``native`` is True and the library is not available."""
 
     def __init__(self, parsed: ParsedSource, native: bool | None = None):
-        names, recorded, _ = _kinds(parsed.grammar)
+        names, recorded = _kinds(parsed.grammar)
         arrays, nodes = tree_arrays.walk(parsed.tree, recorded, native)
         self.starts, self.ends, self.parents, self.kind_ids = arrays.starts, arrays.ends, arrays.parents, arrays.kind_ids
         self.depths, self.sibs, ids = arrays.depths, arrays.sibs, arrays.picked

@@ -53,7 +53,7 @@ def tokenize_documents(documents: pa.Table, tok, vocab_size: int, batch: int = 2
     keys = documents.column("doc_key").to_pylist()
     texts = documents.column("text").to_pylist()
     out: list[np.ndarray] = []
-    encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch  # the same ids, no offsets computed
+    encode = tk.ids_encoder(tok)
     for start in range(0, len(texts), batch):
         chunk = texts[start:start + batch]
         encodings = encode(chunk, add_special_tokens=False)

@@ -539,12 +539,18 @@ def encode(tok: Tokenizer, text: str) -> np.ndarray:
 ENCODE_BATCH_TEXTS = 256
 
 
+def ids_encoder(tok: Tokenizer):
+    """``tok``'s batch encoder that gives the ids of :func:`encode` without computing
+    offsets (``encode_batch_fast``; ``encode_batch`` on a ``tokenizers`` without it)."""
+    return getattr(tok, "encode_batch_fast", None) or tok.encode_batch
+
+
 def encode_batch(tok: Tokenizer, texts: Iterable[str]) -> list[np.ndarray]:
     """:func:`encode` for many texts (parallel in ``tokenizers``), :data:`ENCODE_BATCH_TEXTS`
     texts per call: ``[uint32[n_i]]``, in input order. Only the ids are kept (4 bytes a token)."""
     _require_literal_specials(tok)
     texts = list(texts)
-    fast = getattr(tok, "encode_batch_fast", None) or tok.encode_batch  # the same ids, without offsets
+    fast = ids_encoder(tok)
     out: list[np.ndarray] = []
     for lo in range(0, len(texts), ENCODE_BATCH_TEXTS):
         out += [np.asarray(e.ids, dtype=np.uint32) for e in fast(texts[lo:lo + ENCODE_BATCH_TEXTS], add_special_tokens=False)]
@@ -577,7 +583,7 @@ def check_round_trip(tok: Tokenizer, texts: Iterable[tuple[str, str]], batch: in
     Raises ``ValueError`` as :func:`encode`.
     """
     _require_literal_specials(tok)
-    encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch  # the ids of :func:`encode_batch`
+    encode = ids_encoder(tok)
     failed: list[str] = []
     pairs = iter(texts)
     while chunk := list(islice(pairs, batch)):

@@ -88,7 +88,7 @@ def test_real_files_walk_and_enrich_the_same(tiny_run, monkeypatch):
 def test_picked_indices_are_cursor_descendant_indices():
     text = "#include <a.h>\nstruct S { int m; void f(); };\nint g(S s) { return h(s.m); } // c\n"
     parsed = chunk.parse_source(text, "cpp")
-    _, recorded, _ = enrich._kinds("cpp")
+    _, recorded = enrich._kinds("cpp")
     arrays = tswalk.walk(parsed.tree, recorded, enrich.MAX_DEPTH)
     assert len(arrays.starts) == parsed.tree.root_node.descendant_count
     c = parsed.tree.walk()
@@ -120,7 +120,7 @@ def test_owners_equal_the_numpy_search_and_refuse_unsorted_input(monkeypatch):
 
 def test_walk_refuses_wrong_arguments():
     parsed = chunk.parse_source("int x;\n", "c")
-    _, recorded, _ = enrich._kinds("c")
+    _, recorded = enrich._kinds("c")
     with pytest.raises(TypeError):
         tswalk.walk(parsed.tree.root_node, recorded, 63)
     with pytest.raises(ValueError):

@@ -47,10 +47,14 @@ SDIST_SHA256 = {"0.26.1": "9919cbaf02d17fa9a4cd0e6da496aecf901b758e6eacf122eee39
 _TREE_STRUCT = re.compile(r"typedef struct \{\s*PyObject_HEAD\s*TSTree \*tree;")
 
 
+#: The core's single-file build, inside an unpacked sdist.
+_LIB_C = Path("tree_sitter", "core", "lib", "src", "lib.c")
+
+
 def _sdist(version: str, src_dir: Path) -> Path:
     """The unpacked py-tree-sitter ``version`` sdist under ``src_dir`` (fetched when absent)."""
     root = src_dir / f"tree_sitter-{version}"
-    if (root / "tree_sitter" / "core" / "lib" / "src" / "lib.c").is_file():
+    if (root / _LIB_C).is_file():
         return root
     if version not in SDIST_SHA256:
         raise SystemExit(f"py-tree-sitter {version} has no pinned sdist sha256 in {__name__}.SDIST_SHA256")
@@ -69,8 +73,8 @@ def _sdist(version: str, src_dir: Path) -> Path:
         with tarfile.open(archives[0]) as tar:
             tar.extractall(tmp, filter="data")
         unpacked = Path(tmp) / f"tree_sitter-{version}"
-        if not (unpacked / "tree_sitter" / "core" / "lib" / "src" / "lib.c").is_file():
-            raise SystemExit(f"the tree-sitter {version} sdist has no tree_sitter/core/lib/src/lib.c")
+        if not (unpacked / _LIB_C).is_file():
+            raise SystemExit(f"the tree-sitter {version} sdist has no {_LIB_C.as_posix()}")
         shutil.rmtree(root, ignore_errors=True)
         unpacked.rename(root)
     return root
@@ -79,8 +83,10 @@ def _sdist(version: str, src_dir: Path) -> Path:
 def build(src_dir: Path, out: Path = LIBRARY, cc: str | None = None) -> Path:
     """Compile ``_tswalk.so`` for the installed py-tree-sitter into ``out``; returns ``out``.
 
-    Raises ``SystemExit`` (with the reason) when the sdist cannot be fetched, its ``Tree``
-    struct differs from what the loader reads, or the compiler fails."""
+    Raises ``SystemExit`` (with the reason) when the release has no pinned sdist hash, the
+    sdist's hash or contents differ, or its ``Tree`` struct differs from what the loader
+    reads; ``subprocess.CalledProcessError`` when pip cannot fetch the sdist or the
+    compiler fails."""
     version = importlib.metadata.version("tree-sitter")
     root = _sdist(version, src_dir)
     types_h = (root / "tree_sitter" / "binding" / "types.h").read_text(encoding="utf-8")
@@ -93,7 +99,7 @@ def build(src_dir: Path, out: Path = LIBRARY, cc: str | None = None) -> Path:
     cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden", "-D_POSIX_C_SOURCE=200112L",
            "-D_DEFAULT_SOURCE", "-DTREE_SITTER_HIDE_SYMBOLS",
            f'-DMEGACPP_TS_VERSION="{version}"', f"-I{lib / 'include'}", f"-I{lib / 'src'}",
-           str(lib / "src" / "lib.c"), str(HERE / "tswalk.c"), "-o", str(tmp)]
+           str(root / _LIB_C), str(HERE / "tswalk.c"), "-o", str(tmp)]
     try:
         subprocess.run(cmd, check=True)
         os.replace(tmp, out)
