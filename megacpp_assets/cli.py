@@ -136,6 +136,10 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun
     :func:`megacpp_assets.run_workers.default_workers`). Runs on the same Dagster home
     serialize (:func:`run_lock`).
     """
+    if workers > 1:  # the workers' fork server imports while this process does (run_workers)
+        from megacpp_assets.run_workers import start_fork_server
+
+        start_fork_server()
     root, home = prepare_environment(data_root)
     with run_lock(home / ".megacpp-run.lock", f"data root {root.url}"):
         root.sweep_scratch()

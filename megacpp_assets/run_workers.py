@@ -8,8 +8,19 @@ and the materializations are the instance's as usual (the UI lists them). A work
 standard output and error (the per-step progress lines, failure reports) come back
 through a queue and are printed by the caller, line by line, as they are written.
 
-Why processes and not threads: every stage is CPU-bound Python; why ``spawn``: a forked
-copy of a process that already ran polars or Arrow thread pools can deadlock in them.
+Why processes and not threads: every stage is CPU-bound Python. Why a fork server
+(``forkserver``): a forked copy of a process that already ran polars or Arrow thread
+pools, or holds SQLite connections, can deadlock or corrupt them, so workers are never
+forked from the calling process; but a ``spawn``\ ed worker imports Dagster and the stage
+libraries itself, about 3.5 s of CPU per worker per pass here (a quarter of a ``default``
+run's Dagster overhead). The fork server is a fresh process that only imports
+:data:`PRELOAD` (no thread pool has run in it, no file is open) and forks every worker
+from that state: a worker starts in milliseconds, and the imports are paid once per
+``megacpp run`` (:func:`start_fork_server`, called early, runs them while the caller
+does its own imports). A worker takes the caller's environment and working directory at
+the pool's creation (:class:`WorkerPool`), as a spawned one would, not the fork
+server's. ``MEGACPP_WORKER_START=spawn`` spawns the workers instead.
+
 Each worker loads the stages' heavy state once (ScanCode's license index, the snapshot
 tokenizer) and keeps it for every unit of its pass (a pass starts fresh workers), so a
 worker's peak is one step's peak (≤ 2 GiB in fresh processes, ``bench/scale.py``) plus
@@ -31,6 +42,42 @@ from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, ProcessPoolExecu
 #: xl`` (2.2 GB in pass 1: ScanCode's index, 1.4 GB, kept while the worker runs the other
 #: steps of large shards), rounded up to 3 GiB.
 WORKER_MEMORY = 3 << 30
+
+#: Modules the fork server imports once for every worker (a module that fails to import
+#: is left to the worker, as Python's fork server does): the worker's own code and
+#: Dagster's instance storage (``DagsterInstance.from_ref``: 1.6 s of imports a worker),
+#: and the libraries stages import on first use (networkx for the include order,
+#: matplotlib for the card, ScanCode's detection code without its index, detect-secrets,
+#: pandera). None of them starts a thread pool or opens a file at import.
+PRELOAD = (
+    "megacpp_assets.snapshot_run", "megacpp_assets.definitions", "megacpp_assets.instance_storage",
+    "dagster._core.storage.base_storage", "dagster._core.storage.runs.sqlite",
+    "dagster._core.storage.schedules.sqlite", "dagster._core.storage.event_log.sqlite",
+    "networkx", "matplotlib.figure", "matplotlib.backends.backend_agg", "licensedcode.detection",
+    "detect_secrets", "pandera",
+)
+
+
+def start_method() -> str:
+    """``"forkserver"`` (the default), or ``"spawn"`` when ``MEGACPP_WORKER_START=spawn``;
+    ``ValueError`` for any other value."""
+    method = os.environ.get("MEGACPP_WORKER_START", "forkserver")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"MEGACPP_WORKER_START must be forkserver or spawn, got {method!r}")
+    return method
+
+
+def start_fork_server() -> None:
+    """Start this process's fork server now (with :data:`PRELOAD`) unless it runs already
+    or workers are spawned: it imports in the background, so a caller that will start a
+    :class:`WorkerPool` later overlaps those imports with its own work."""
+    if start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    forkserver.ensure_running()
 
 
 def default_workers() -> int:
@@ -70,9 +117,14 @@ class _QueueWriter(io.TextIOBase):
 _WORKER = None
 
 
-def _init(factory: Callable, args: tuple, queue) -> None:
-    """Worker initializer: route stdout/stderr to ``queue``, then build the worker's state."""
+def _init(factory: Callable, args: tuple, queue, env: dict[str, str], cwd: str) -> None:
+    """Worker initializer: take the caller's environment and working directory, route
+    stdout/stderr to ``queue``, then build the worker's state."""
     global _WORKER
+    if os.environ != env:
+        os.environ.clear()
+        os.environ.update(env)
+    os.chdir(cwd)
     sys.stdout, sys.stderr = _QueueWriter(queue, "out"), _QueueWriter(queue, "err")
     _WORKER = factory(*args)
 
@@ -100,11 +152,14 @@ class WorkerPool:
     first unit comes."""
 
     def __init__(self, n: int, factory: Callable, args: tuple):
-        ctx = multiprocessing.get_context("spawn")
+        method = start_method()
+        if method == "forkserver":
+            start_fork_server()
+        ctx = multiprocessing.get_context(method)
         self.n = n
         self._queue = ctx.Queue()
         self._pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init,
-                                         initargs=(factory, args, self._queue))
+                                         initargs=(factory, args, self._queue, dict(os.environ), os.getcwd()))
         self._printer = threading.Thread(target=self._print, daemon=True)
         self._printer.start()
 

@@ -298,9 +298,9 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
     (:class:`WorkerPool`), so what a worker loaded for one pass (ScanCode's license index
     in pass 1) is never carried into the next. A pass followed by another ends its pool
     and starts the next one (:meth:`WorkerPool.start`) before its snapshot steps run here,
-    in one run: the ended workers' shut-down and the new workers' start-up (imports, the
-    definitions, the instance: a few seconds a process) overlap those steps (the
-    tokenizer's training, one thread) instead of preceding or following them. The last
+    in one run: the ended workers' shut-down and the new workers' start-up (forked from
+    the fork server with their imports done: the definitions, the instance) overlap
+    those steps (the tokenizer's training) instead of preceding or following them. The last
     pass keeps its pool for its snapshot steps, which run there as :class:`SnapshotUnits`
     (groups that do not depend on each other at once, the card last); its workers carry
     nothing into a later pass. After a group fails no further group starts; which

@@ -77,8 +77,8 @@ def _pragmas(storage, shard: str) -> tuple[int, int, str]:
 @pytest.mark.parametrize("level,code", [(None, 1), ("FULL", 2), ('"OFF"', 0)])  # YAML reads a bare OFF as false
 def test_the_synchronous_level_is_normal_unless_configured(tmp_path, level, code):
     """The event log commits with ``synchronous=NORMAL`` by default (no fsync per commit in
-    WAL mode), or the level the instance configuration names; run databases still
-    checkpoint at every commit and the index does not."""
+    WAL mode), or the level the instance configuration names; run databases and the index
+    checkpoint at SQLite's default (1,000 WAL pages), not at every commit."""
     from dagster import DagsterInstance
 
     from megacpp_assets.cli import DAGSTER_YAML
@@ -90,8 +90,8 @@ def test_the_synchronous_level_is_normal_unless_configured(tmp_path, level, code
     with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as instance:
         events = instance.event_log_storage
         events.store_event(_entry("run-a", "first"))
-        assert _pragmas(events, "run-a") == (code, 1, "wal")
-        assert _pragmas(events, "index")[0] == code and _pragmas(events, "index")[1] != 1
+        assert _pragmas(events, "run-a") == (code, 1000, "wal")
+        assert _pragmas(events, "index") == (code, 1000, "wal")
         assert [e.user_message for e in events.get_logs_for_run("run-a")] == ["first"]
 
 
@@ -222,31 +222,63 @@ def test_a_table_found_is_remembered_while_the_index_is_the_same_file(tmp_path, 
         pooled.dispose()
 
 
-def test_a_live_watch_on_the_run_sees_every_write(tmp_path):
-    """``dagster dev`` follows a run by watching its ``.db`` file; each write through the
-    kept connection must reach that file (checkpointed), as with the stock storage."""
-    from dagster._core.storage.event_log import SqliteEventLogStorage
+def _wait_for(got: list, n: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while len(got) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
 
+
+def test_a_live_watch_on_the_run_sees_every_write(tmp_path):
+    """``dagster dev`` follows a run by watching its files; each write through the kept
+    connection reaches the run's WAL at its commit, and the storage's watch follows the
+    WAL, so the watcher sees every write while the writer keeps its connection open (no
+    checkpoint in between: the ``.db`` file does not change)."""
     from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
 
     base = tmp_path / "runs"
     writer = PooledSqliteEventLogStorage(str(base))
     writer.store_event(_entry("run-a", "first"))  # the run's database exists before the watch
-    watcher = SqliteEventLogStorage(str(base))
+    db = base / "run-a.db"
+    before = db.stat().st_mtime_ns, db.stat().st_size
+    watcher = PooledSqliteEventLogStorage(str(base))
     got: list[str] = []
     watcher.watch("run-a", None, lambda event, cursor: got.append(event.user_message))
     try:
         for i in range(12):
             writer.store_event(_entry("run-a", f"m{i}"))
             time.sleep(0.05)
-        deadline = time.monotonic() + 30
-        while len(got) < 13 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_for(got, 13)
         assert got == ["first"] + [f"m{i}" for i in range(12)]
+        assert (db.stat().st_mtime_ns, db.stat().st_size) == before  # seen through the WAL alone
     finally:
         watcher.end_watch("run-a", next(iter(watcher._watchers["run-a"]), None))
         watcher.dispose()
         writer.dispose()
+
+
+def test_a_stock_watch_sees_the_run_when_its_log_is_checkpointed(tmp_path):
+    """A process watching with Dagster's stock storage (the ``.db`` file only) sees the
+    events when the WAL reaches the ``.db`` file: at the latest when the writer closes its
+    connection (the end of the process, or :data:`KEPT_RUN_SHARDS` later runs)."""
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    base = tmp_path / "runs"
+    writer = PooledSqliteEventLogStorage(str(base))
+    writer.store_event(_entry("run-a", "first"))
+    watcher = SqliteEventLogStorage(str(base))
+    got: list[str] = []
+    watcher.watch("run-a", None, lambda event, cursor: got.append(event.user_message))
+    try:
+        for i in range(5):
+            writer.store_event(_entry("run-a", f"m{i}"))
+        writer.dispose()  # closes the run's connection: its WAL is checkpointed into the .db file
+        _wait_for(got, 6)
+        assert got == ["first"] + [f"m{i}" for i in range(5)]  # from the start: the watch's cursor is None
+    finally:
+        watcher.end_watch("run-a", next(iter(watcher._watchers["run-a"]), None))
+        watcher.dispose()
 
 
 def test_open_run_databases_stay_bounded_and_every_run_stays_readable(tmp_path):

@@ -97,6 +97,65 @@ def test_a_started_pool_has_every_worker_up_before_its_first_unit():
         assert sorted(i for i, _ in got) == [0, 1, 2, 3] and {p for _, p in got} <= started
 
 
+class _ProbeWorker:
+    """A worker state that reports where its process came from and what it was given."""
+
+    def probe(self, var: str) -> dict:
+        import sys
+
+        return {"pid": os.getpid(), "ppid": os.getppid(), "var": os.environ.get(var), "cwd": os.getcwd(),
+                "preloaded": "networkx" in sys.modules}  # nothing here imports networkx
+
+
+def _probe(pool, var: str) -> list[dict]:
+    got: list[dict] = []
+    assert pool.run_units([("probe", (var,)) for _ in range(2)], lambda m, a, r: (got.append(r), (True, []))[1])
+    return got
+
+
+def test_workers_fork_from_the_preloaded_server_with_the_callers_environment(tmp_path, monkeypatch):
+    """Workers are forked from the fork server, not from this process, with
+    :data:`PRELOAD` already imported; each takes the environment and working directory
+    this process has when the pool is made, even those set after the server started."""
+    from megacpp_assets.run_workers import WorkerPool, start_fork_server
+
+    start_fork_server()
+    monkeypatch.setenv("MEGACPP_PROBE", "set after the fork server started")
+    monkeypatch.chdir(tmp_path)
+    with WorkerPool(2, _ProbeWorker, ()).start() as pool:
+        got = _probe(pool, "MEGACPP_PROBE")
+    assert all(g["ppid"] != os.getpid() and g["pid"] != os.getpid() for g in got)  # the server's children
+    assert all(g["preloaded"] for g in got)
+    assert all(g["var"] == "set after the fork server started" and g["cwd"] == str(tmp_path) for g in got)
+    monkeypatch.delenv("MEGACPP_PROBE")
+    with WorkerPool(1, _ProbeWorker, ()) as pool:  # a variable removed since: gone in the worker too
+        assert [g["var"] for g in _probe(pool, "MEGACPP_PROBE")] == [None, None]
+
+
+def test_workers_can_be_spawned_instead(monkeypatch):
+    from megacpp_assets.run_workers import WorkerPool, start_method
+
+    monkeypatch.setenv("MEGACPP_WORKER_START", "spawn")
+    monkeypatch.setenv("MEGACPP_PROBE", "spawned")
+    with WorkerPool(1, _ProbeWorker, ()) as pool:
+        got = _probe(pool, "MEGACPP_PROBE")
+    assert all(g["ppid"] == os.getpid() and not g["preloaded"] and g["var"] == "spawned" for g in got)
+    monkeypatch.setenv("MEGACPP_WORKER_START", "fork")
+    with pytest.raises(ValueError, match="MEGACPP_WORKER_START must be forkserver or spawn"):
+        start_method()
+
+
+def test_every_preloaded_module_imports():
+    """The fork server skips a module that fails to import; a renamed module would
+    silently cost every worker its import again."""
+    import importlib
+
+    from megacpp_assets.run_workers import PRELOAD
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
 class _BrokenWorker:
     """A worker state whose start-up fails (the instance or the definitions cannot load)."""
 
