@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from . import ids_memo
 from . import tokenizer as tk
 
 
@@ -37,7 +38,8 @@ def check_tokenizer(tok, info: dict, vocab_size: int | None = None, pinned_sha25
     tk.check_tokenizer_identity(info, sha256=upstream_sha256, where="chunked documents")
 
 
-def tokenize_documents(documents: pa.Table, tok, vocab_size: int, batch: int = 256) -> tuple[pa.Table, dict]:
+def tokenize_documents(documents: pa.Table, tok, vocab_size: int, batch: int = 256,
+                       sha256: str | None = None) -> tuple[pa.Table, dict]:
     """Tokenize every document; return ``(table, figures)``.
 
     ``table`` = ``documents`` plus ``input_ids`` (list<uint32>) and ``n_tokens`` (int32).
@@ -48,24 +50,41 @@ def tokenize_documents(documents: pa.Table, tok, vocab_size: int, batch: int = 2
     only the ids outlive a batch (a ``tokenizers`` ``Encoding`` holds its tokens, offsets
     and masks too: the 3,359 documents of xl's largest shard, 9.0 M tokens, in one call
     held about 1 GB of them).
+
+    ``sha256``: the sha256 of ``tok``'s ``tokenizer.json``; when given, a document whose
+    text the chunk stage of this process encoded whole takes those ids from
+    :data:`megacpp_core.ids_memo.MEMO` instead of being encoded again (the same ids; its
+    decode is checked all the same), and the memo is emptied at the end.
     """
     tk._require_literal_specials(tok)
     keys = documents.column("doc_key").to_pylist()
     texts = documents.column("text").to_pylist()
     out: list[np.ndarray] = []
     encode = tk.ids_encoder(tok)
-    for start in range(0, len(texts), batch):
-        chunk = texts[start:start + batch]
-        encodings = encode(chunk, add_special_tokens=False)
-        decoded = tok.decode_batch([e.ids for e in encodings], skip_special_tokens=False)
-        for j, (enc, back) in enumerate(zip(encodings, decoded)):
-            key = keys[start + j]
-            ids = np.asarray(enc.ids, dtype=np.uint32)
-            if ids.size and int(ids.max()) >= vocab_size:
-                raise TokenizeError(f"{key}: token id {int(ids.max())} ≥ vocab size {vocab_size}")
-            if back != chunk[j]:
-                raise TokenizeError(f"{key}: decode(encode(text)) != text")
-            out.append(np.concatenate([np.array([tk.BOS_ID], dtype=np.uint32), ids]))
+    memo = ids_memo.MEMO if sha256 is not None else None
+    try:
+        for start in range(0, len(texts), batch):
+            chunk = texts[start:start + batch]
+            held = [memo.take(sha256, t) for t in chunk] if memo is not None else [None] * len(chunk)
+            todo = [j for j, h in enumerate(held) if h is None]
+            lists: list = [None] * len(chunk)
+            for j, e in zip(todo, encode([chunk[j] for j in todo], add_special_tokens=False) if todo else ()):
+                lists[j] = e.ids
+            for j, h in enumerate(held):
+                if h is not None:
+                    lists[j] = h.tolist()
+            decoded = tok.decode_batch(lists, skip_special_tokens=False)
+            for j, back in enumerate(decoded):
+                key = keys[start + j]
+                ids = held[j] if held[j] is not None else np.asarray(lists[j], dtype=np.uint32)
+                if ids.size and int(ids.max()) >= vocab_size:
+                    raise TokenizeError(f"{key}: token id {int(ids.max())} ≥ vocab size {vocab_size}")
+                if back != chunk[j]:
+                    raise TokenizeError(f"{key}: decode(encode(text)) != text")
+                out.append(np.concatenate([np.array([tk.BOS_ID], dtype=np.uint32), ids]))
+    finally:
+        if memo is not None:
+            memo.clear()
     lengths = np.array([len(x) for x in out], dtype=np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
     flat = np.concatenate(out) if out else np.zeros(0, dtype=np.uint32)

@@ -190,6 +190,34 @@ def test_a_new_run_database_is_the_one_the_stock_storage_creates(tmp_path, monke
         pooled.dispose()
 
 
+def test_new_run_databases_are_copies_of_one_template_per_process(tmp_path, monkeypatch):
+    """The tables are created once per process (the template); each new run database is a
+    copy, placed without replacing a file another process put there first, and no
+    temporary copy is left behind."""
+    from megacpp_assets import instance_storage
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    created = []
+    real = instance_storage._create_run_tables
+    monkeypatch.setattr(instance_storage, "_create_run_tables", lambda *a: (created.append(1), real(*a)))
+    monkeypatch.setattr(instance_storage, "_TEMPLATES", {})
+    base = tmp_path / "runs"
+    pooled = PooledSqliteEventLogStorage(str(base))
+    try:
+        for i in range(5):
+            pooled.store_event(_entry(f"run-{i}", f"m{i}"))
+        assert len(created) == 1  # the template's, in this process
+        assert all(_schema(base / f"run-{i}.db") == _schema(base / "run-0.db") for i in range(5))
+        assert [e.user_message for e in pooled.get_logs_for_run("run-3")] == ["m3"]
+        taken = base / "taken.db"
+        taken.write_bytes(b"placed by another process")
+        assert instance_storage._place_run_template(str(taken)) is False
+        assert taken.read_bytes() == b"placed by another process"
+        assert not [p.name for p in base.iterdir() if ".tmp-" in p.name]
+    finally:
+        pooled.dispose()
+
+
 def test_a_table_found_is_remembered_while_the_index_is_the_same_file(tmp_path, monkeypatch):
     """``has_table`` answers as the stock class; a table it found is not looked up again
     until the index database is replaced; a table not found is looked up each time."""

@@ -16,11 +16,12 @@ enrichment :mod:`megacpp_core.enrich`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 
-from .. import catalog, chunk, snapshot_tokenizer, span_count
+from .. import catalog, chunk, ids_memo, snapshot_tokenizer, span_count
 from .. import kept as kept_files
 from .. import tokenizer as tk
 from ..pack import CHUNK_TYPE, EDGE_TYPE, PLATFORM_TYPE
@@ -74,7 +75,8 @@ def semantic_unit_edges(ctx) -> tuple[dict[str, dict[str, set]], dict]:
 
 
 def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool,
-               lane_edges: dict[str, dict[str, set]] | None = None) -> tuple[dict[str, list], dict]:
+               lane_edges: dict[str, dict[str, set]] | None = None,
+               keep_ids: Callable[[str, np.ndarray], object] | None = None) -> tuple[dict[str, list], dict]:
     """The documents of the kept files ``d`` (columns of :func:`kept.shard_kept` as lists):
     ``(columns, tallies)``. Columns are those of :data:`DOCUMENTS_SCHEMA`, plus
     :data:`ENRICHED_COLUMNS` when ``enriching``; tallies count parse-error, brace-fallback
@@ -88,6 +90,8 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     (:class:`_WholeCounts`), and most fit whole; the ids of a file over ``budget`` are
     kept and its spans are counted from them
     (:class:`~megacpp_core.span_count.SpanCounter`), encoding only each span's ends.
+    ``keep_ids(text, ids)``, when given, receives every file's whole ids (uint32[n]; the
+    stage hands them to tokenize through :data:`megacpp_core.ids_memo.MEMO`).
     """
     from .. import enrich, platforms
 
@@ -98,7 +102,7 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     tally = {"parse_errors": 0, "brace_files": 0, "fallback_splits": 0, "split_files": 0, "lane_docs": 0,
              "enrich_seconds": 0.0, "span_encoded_chars": 0}
     tk._require_literal_specials(tok)
-    whole = _WholeCounts(tok, d["text"], budget)
+    whole = _WholeCounts(tok, d["text"], budget, keep_ids)
     prepared: tuple = ()
     current: list = [None, 0]
 
@@ -165,12 +169,13 @@ class _WholeCounts:
     enriches (the tokenizer releases the GIL), at most two batches ahead of the file being
     read. ``get(i)`` is ``(count, ids)`` of file ``i``, called for ``i = 0, 1, ...`` in
     order; ``ids`` a uint32 array kept only for files over ``budget`` (``None`` otherwise).
+    ``keep(text, ids)`` (optional) receives every file's ids, from the encoding thread.
     Errors of the encoding are raised by ``get``; :meth:`close` ends the thread."""
 
-    def __init__(self, tok, texts: list[str], budget: int):
+    def __init__(self, tok, texts: list[str], budget: int, keep: Callable[[str, np.ndarray], object] | None = None):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.tok, self.texts, self.budget = tok, texts, budget
+        self.tok, self.texts, self.budget, self.keep = tok, texts, budget, keep
         bounds, chars = [0], 0
         for i, t in enumerate(texts):
             chars += len(t)
@@ -189,8 +194,11 @@ class _WholeCounts:
         counts, over = [], {}
         for i, e in enumerate(self.tok.encode_batch_fast(self.texts[lo:hi], add_special_tokens=False), lo):
             counts.append(len(e))
+            ids = np.asarray(e.ids, dtype=np.uint32) if self.keep is not None or len(e) > self.budget else None
+            if self.keep is not None:
+                self.keep(self.texts[i], ids)
             if len(e) > self.budget:
-                over[i] = np.asarray(e.ids, dtype=np.uint32)
+                over[i] = ids
         return counts, over
 
     def get(self, i: int) -> tuple[int, np.ndarray | None]:
@@ -226,7 +234,10 @@ def compute(ctx) -> Result:
         lane_edges, lane_figs = semantic_unit_edges(ctx)
     else:
         lane_edges, lane_figs = {}, {"semantic_graph": False}
-    cols, tally = chunk_rows(d, tok, info["sha256"], budget, enriching, lane_edges)
+    sha = info["sha256"]
+    ids_memo.MEMO.begin(sha)  # the whole files' ids, for tokenize in this step (ids_memo)
+    cols, tally = chunk_rows(d, tok, sha, budget, enriching, lane_edges,
+                             keep_ids=lambda text, ids: ids_memo.MEMO.put(sha, text, ids))
     parse_errors, brace_files, fallback = tally["parse_errors"], tally["brace_files"], tally["fallback_splits"]
     split_files, lane_docs, enrich_seconds = tally["split_files"], tally["lane_docs"], tally["enrich_seconds"]
     table = pa.table(cols, schema=schema).replace_schema_metadata({TOKENIZER_KEY: info["sha256"].encode()})

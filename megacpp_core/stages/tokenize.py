@@ -31,7 +31,7 @@ def compute(ctx) -> Result:
     except tk.TokenizerMismatchError as e:
         raise StageError(f"tokenize refuses the snapshot tokenizer: {e}") from e
     docs = docs_ref.read()
-    table, figures = tokenize.tokenize_documents(docs, tok, info["vocab_size"])
+    table, figures = tokenize.tokenize_documents(docs, tok, info["vocab_size"], sha256=info["sha256"])
     if "char_structure" in table.column_names:
         try:
             table, align_figs = tokenize.align_enrichment(table, tok, info["sha256"])

@@ -1,0 +1,115 @@
+"""Whole-file ids handed from chunk to tokenize in one process (``megacpp_core.ids_memo``).
+
+On the real ``tiny`` snapshot: tokenize with the memo filled as the chunk stage fills it
+gives exactly the table it gives without, encodes only the documents that are not whole
+files, and still checks every decode (a wrong id in the memo fails closed).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from megacpp_core import ids_memo, tokenize
+from megacpp_core import tokenizer as tk
+from megacpp_core.layout import SnapshotLayout
+from megacpp_core.stages import chunk as chunk_stage
+
+
+def test_the_memo_holds_one_tokenizers_ids_within_its_limit():
+    memo = ids_memo.IdsMemo(max_tokens=5)
+    a = np.arange(3, dtype=np.uint32)
+    assert not memo.put("sha-a", "x", a)  # nothing begun: no tokenizer
+    memo.begin("sha-a")
+    assert memo.put("sha-a", "x", a) and not memo.put("sha-b", "y", a)  # another tokenizer
+    assert not memo.put("sha-a", "z", np.arange(3, dtype=np.uint32))  # 3 + 3 > 5 tokens
+    assert memo.take("sha-b", "x") is None  # another tokenizer's lookup
+    assert memo.take("sha-a", "x") is a and memo.take("sha-a", "x") is None  # taken once
+    assert memo.put("sha-a", "z", np.arange(5, dtype=np.uint32))  # room again
+    memo.begin("sha-a")  # a new shard drops what the last one left
+    assert len(memo) == 0 and memo.take("sha-a", "z") is None
+    memo.put("sha-a", "x", a)
+    memo.clear()
+    assert len(memo) == 0 and not memo.put("sha-a", "x", a)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_run):
+    root, _ = tiny_run
+    lay = SnapshotLayout(root, "tiny")
+    tdir = lay.stage_dir("tokenizer")
+    sha = json.loads((tdir / "tokenizer_manifest.json").read_text())["tokenizer_sha256"]
+    tok = tk.load_tokenizer(tdir / "tokenizer.json", sha)
+    chunks = sorted((lay.root / "revisions").glob("*/shards/*/chunks.parquet"))
+    assert chunks
+    return lay, tok, sha, chunks
+
+
+def _counting_encoder(monkeypatch) -> list[str]:
+    seen: list[str] = []
+    real = tk.ids_encoder
+
+    def wrapped(tok):
+        fast = real(tok)
+        return lambda texts, **kw: (seen.extend(texts), fast(texts, **kw))[1]
+
+    monkeypatch.setattr(tk, "ids_encoder", wrapped)
+    return seen
+
+
+def test_tokenize_takes_whole_files_from_the_memo_and_gives_the_same_table(tiny, monkeypatch):
+    lay, tok, sha, chunk_files = tiny
+    kept = lay.kept_files(["doc_key", "text"]).column("text").to_pylist()
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    hits = 0
+    for path in chunk_files:
+        docs = pq.read_table(path)
+        plain, _ = tokenize.tokenize_documents(docs, tok, vocab)
+        on_disk = pq.read_table(path.with_name("tokenized.parquet"), columns=["doc_key", "input_ids"])
+        assert plain.select(["doc_key", "input_ids"]).equals(on_disk)  # the pipeline's own output
+        ids_memo.MEMO.begin(sha)
+        for text, ids in zip(kept, tk.encode_batch(tok, kept)):  # as chunk's keep_ids puts them
+            ids_memo.MEMO.put(sha, text, ids)
+        encoded = _counting_encoder(monkeypatch)
+        memo, _ = tokenize.tokenize_documents(docs, tok, vocab, sha256=sha)
+        monkeypatch.undo()
+        assert memo.equals(plain)
+        whole = docs.column("n_chunks").to_pylist()
+        assert len(encoded) == sum(n != 1 for n in whole)  # only the split files' chunks are encoded
+        hits += sum(n == 1 for n in whole)
+        assert len(ids_memo.MEMO) == 0  # emptied at the end
+    assert hits > 0
+
+
+def test_a_wrong_id_in_the_memo_fails_the_round_trip_and_another_tokenizer_is_not_read(tiny):
+    lay, tok, sha, chunk_files = tiny
+    docs = pq.read_table(chunk_files[0])
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    one = next(i for i, n in enumerate(docs.column("n_chunks").to_pylist()) if n == 1)
+    text = docs.column("text")[one].as_py()
+    ids = tk.encode_batch(tok, [text])[0].copy()
+    assert ids.size > 1
+    ids[0] = ids[1] + 1 if ids[1] + 1 != ids[0] else ids[1] + 2  # a different token
+    ids_memo.MEMO.begin(sha)
+    ids_memo.MEMO.put(sha, text, ids)
+    with pytest.raises(tokenize.TokenizeError, match="decode"):
+        tokenize.tokenize_documents(docs, tok, vocab, sha256=sha)
+    assert len(ids_memo.MEMO) == 0
+    ids_memo.MEMO.begin("another-tokenizer")
+    ids_memo.MEMO.put("another-tokenizer", text, ids)
+    plain, _ = tokenize.tokenize_documents(docs, tok, vocab)
+    assert tokenize.tokenize_documents(docs, tok, vocab, sha256=sha)[0].equals(plain)
+
+
+def test_chunk_keeps_every_files_whole_ids(tiny):
+    lay, tok, sha, _ = tiny
+    kept = lay.kept_files(["doc_key", "text", "language", "source", "path", "archive_sha256", "license_class"])
+    d = kept.slice(0, 60).to_pydict()
+    got: dict[str, np.ndarray] = {}
+    chunk_stage.chunk_rows(d, tok, sha, 1023, False, keep_ids=lambda t, ids: got.setdefault(t, ids))
+    want = tk.encode_batch(tok, d["text"])
+    assert len(got) == len(set(d["text"]))
+    assert all(np.array_equal(got[t], w) and got[t].dtype == np.uint32 for t, w in zip(d["text"], want))
