@@ -298,3 +298,43 @@ def test_training_that_fails_stops_the_morpheme_count(monkeypatch):
     with pytest.raises(RuntimeError, match="trainer failed"):
         T.train_tokenizer(SlowTexts(), vocab_size=4096)
     assert 0 < len(read) < 5000
+
+
+def _mark_fixed_by_json(raw: str, bands) -> tuple[str, int]:
+    """The reference of ``_mark_fixed``: edit the fixed tokens' flags in the tokenizer's JSON."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    flags = {t: b.single_word for b in bands for t in b.tokens}
+    doc = json.loads(raw)
+    for entry in doc["added_tokens"]:
+        if entry["content"] in flags:
+            entry.update(special=False, single_word=flags[entry["content"]], lstrip=False, rstrip=False,
+                         normalized=False)
+    return Tokenizer.from_str(json.dumps(doc, ensure_ascii=False)).to_str(), len(doc["model"]["merges"])
+
+
+def test_fixed_tokens_are_marked_as_editing_the_json_would_on_real_code(tiny_run, monkeypatch):
+    """``_mark_fixed`` flags the fixed tokens in place (``add_tokens``); the tokenizer it
+    gives serializes to exactly the JSON that editing the trained tokenizer's JSON gives,
+    with the same merge count, on the ``tiny`` snapshot's kept files at the default size."""
+    from megacpp_core.layout import SnapshotLayout
+
+    root, _ = tiny_run
+    texts = SnapshotLayout(root, "tiny").kept_files(["text"]).column("text").to_pylist()
+    seen = {}
+    real = T._mark_fixed
+
+    def spy(tok, bands):
+        seen["want"] = _mark_fixed_by_json(tok.to_str(), bands)
+        out = real(tok, bands)
+        seen["got"] = (out[0].to_str(), out[1])
+        return out
+
+    monkeypatch.setattr(T, "_mark_fixed", spy)
+    build = T.train_tokenizer(texts, vocab_size=T.DEFAULT_VOCAB_SIZE)
+    assert seen["got"] == seen["want"] and build.merges == seen["want"][1] > 1000
+    fixed = T.fixed_tokens()
+    ids = [build.tokenizer.token_to_id(t) for t in fixed]
+    assert ids == list(range(T.NUM_SPECIAL, T.NUM_SPECIAL + len(fixed)))
