@@ -135,3 +135,44 @@ def test_filter_files_counts_add_up_and_exclusions_keep_value():
     bad = excl.set_column(excl.schema.get_field_index("filter"), "filter", pa.array(["nope"] * excl.num_rows))
     ok, detail = validate_exclusions(bad)
     assert not ok and "nope" in detail
+
+
+def _every_character() -> str:
+    return "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+
+
+@pytest.mark.parametrize("text", [
+    "", " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f", "int a;\n", "x\u00a0y\u2003z\u3000\x85", "é ß Ω 中文 ٣ ² ½ 𝔸",
+    "\ud800 lone surrogate", "a" * 10_000 + " " * 10_000,
+])
+def test_character_counts_equal_the_per_character_definitions(text):
+    from megacpp_core.quality import count_alpha, count_nonspace
+
+    assert count_nonspace(text) == sum(not ch.isspace() for ch in text)
+    assert count_alpha(text) == sum(ch.isalpha() for ch in text)
+
+
+def test_character_counts_over_every_code_point_and_real_files(tiny_run):
+    """Every Unicode character (ASCII takes the byte path, the rest ``str`` methods), and
+    the ``tiny`` snapshot's kept files, each whole and cut at every 97th character."""
+    from megacpp_core.layout import SnapshotLayout
+    from megacpp_core.quality import comment_ratio, count_alpha, count_nonspace
+
+    every = _every_character()
+    assert count_nonspace(every) == sum(not ch.isspace() for ch in every)
+    assert count_alpha(every) == sum(ch.isalpha() for ch in every)
+    root, _ = tiny_run
+    texts = SnapshotLayout(root, "tiny").kept_files(["text"]).column("text").to_pylist()
+    assert any(not t.isascii() for t in texts) and any(t.isascii() for t in texts)
+    for t in texts:
+        for piece in (t, t[::97]):
+            assert count_nonspace(piece) == sum(not ch.isspace() for ch in piece)
+            assert count_alpha(piece) == sum(ch.isalpha() for ch in piece)
+        assert 0.0 <= comment_ratio(t) <= 1.0
+
+
+def test_the_unicode_escape_prefilter_keeps_every_run():
+    """A text without ``\\u`` is not scanned for ``\\u`` runs; one with them still is."""
+    run = "\\u00e9" * 9
+    assert encoded_runs(f"s = \"{run}\";") == (54, 54 / len(f"s = \"{run}\";"))
+    assert encoded_runs("s = \"u00e9u00e9u00e9u00e9u00e9u00e9u00e9u00e9\";")[0] == 0
