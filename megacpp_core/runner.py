@@ -118,6 +118,10 @@ class InputRef:
     def read_bytes(self) -> bytes:
         return self._root.read_bytes(self.key)
 
+    def version(self) -> tuple | None:
+        """The stored object's version token (:meth:`~megacpp_core.storage.DataRoot.version`)."""
+        return self._root.version(self.key)
+
     def read_text(self) -> str:
         return self._root.read_text(self.key)
 

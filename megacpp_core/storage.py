@@ -114,6 +114,12 @@ def _clean_key(key: str) -> str:
     return k
 
 
+#: Fields of an fsspec ``info`` that identify one version of an object (S3, GCS, Azure,
+#: local fsspec backends), read by :meth:`DataRoot.version`.
+_VERSION_FIELDS = ("ETag", "etag", "VersionId", "version_id", "generation", "LastModified", "last_modified",
+                   "updated", "mtime")
+
+
 class DataRoot:
     """A data root (local path or fsspec URL) with atomic, deterministic writes.
 
@@ -228,6 +234,27 @@ class DataRoot:
     def read_json(self, key: str) -> Any:
         """Parsed JSON stored under ``key``."""
         return json.loads(self.read_bytes(key))
+
+    def version(self, key: str) -> tuple | None:
+        """A token that changes whenever the object under ``key`` is replaced or rewritten,
+        for a caller that keeps what it derived from the bytes (a parsed tokenizer, a
+        digest) and wants to skip reading them again: a local file's device, inode, size
+        and modification and change times in ns; an object store's ``ETag`` / version /
+        generation / modification time with its size (what its ``info`` reports). ``None``
+        when the backend reports none of them, or the key is missing (then read)."""
+        if self.is_local:
+            try:
+                st = os.stat(self.path(key))
+            except FileNotFoundError:
+                return None
+            return ("local", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        self._fresh(key)
+        try:
+            info = self.fs.info(self.path(key))
+        except FileNotFoundError:
+            return None
+        marks = tuple((k, str(info[k])) for k in _VERSION_FIELDS if info.get(k) not in (None, ""))
+        return (("size", str(info.get("size"))),) + marks if marks else None
 
     def sha256(self, key: str) -> str:
         """Hex sha256 of the bytes under ``key``, streamed in 1 MiB chunks."""

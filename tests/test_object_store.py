@@ -131,3 +131,66 @@ def test_file_urls_are_local_paths(tmp_path):
     assert local_location(f"file://{tmp_path}/x") == str(tmp_path / "x")
     assert DataRoot(f"file://{tmp_path}/x").is_local and DataRoot(f"file://{tmp_path}/x").url == str(tmp_path / "x")
     assert local_location("s3://b/p") is None
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_version_token_changes_when_the_object_is_replaced_or_rewritten(where, s3_env, tmp_path):
+    """:meth:`DataRoot.version`: the same token while an object is untouched; another after
+    it is replaced (an atomic write) or rewritten in place with bytes of the same size;
+    ``None`` for a missing key."""
+    import time
+
+    from tests.conftest import S3_BUCKET
+
+    root = DataRoot(str(tmp_path / "root")) if where == "local" else DataRoot(f"s3://{S3_BUCKET}/version-{tmp_path.name}")
+    root.write_bytes("a/tok.json", b"first version")
+    v1 = root.version("a/tok.json")
+    assert v1 is not None and root.version("a/tok.json") == v1
+    time.sleep(1.1 if where == "s3" else 0.01)  # S3's LastModified has 1 s resolution; its ETag changes anyway
+    root.write_bytes("a/tok.json", b"other version")  # same size
+    v2 = root.version("a/tok.json")
+    assert v2 is not None and v2 != v1
+    if where == "local":
+        with open(root.local_path("a/tok.json"), "r+b") as f:  # in place, same inode and size
+            f.write(b"OTHER")
+        assert root.version("a/tok.json") not in (None, v2)
+    assert root.version("a/missing.json") is None
+
+
+def test_later_stages_read_and_hash_the_tokenizer_once_until_it_changes(tiny_run, tmp_path, monkeypatch):
+    """``snapshot_tokenizer.load``: a second load of an untouched ``tokenizer.json`` reads
+    nothing; a file replaced with other bytes is read again and refused against its
+    manifest (fail closed), and the original is accepted again once restored."""
+    import shutil
+
+    from megacpp_core import snapshot_tokenizer, storage
+    from megacpp_core.manifest import load_manifest
+    from megacpp_core.stage import Partition
+    from megacpp_core.stages import STAGES
+    from megacpp_core.runner import StageContext
+    from megacpp_core.tokenizer import TokenizerMismatchError
+
+    src = tiny_run[0] / "snapshots" / "tiny"
+    dst = tmp_path / "root" / "snapshots" / "tiny"
+    shutil.copytree(src / "tokenizer", dst / "tokenizer")
+    shutil.copy(src / "manifest.yaml", dst / "manifest.yaml")
+    root = storage.open_root(str(tmp_path / "root"))
+    manifest = load_manifest(str(dst / "manifest.yaml"))
+    stage = next(s for s in STAGES if s.name == "tokenize")
+    source = manifest.sources[0].name
+    ctx = StageContext(stage, root, manifest, Partition(manifest.name, source, "000"))
+    reads: list[str] = []
+    real = storage.DataRoot.read_bytes
+    monkeypatch.setattr(storage.DataRoot, "read_bytes", lambda self, key: (reads.append(key), real(self, key))[1])
+    snapshot_tokenizer._READ.clear()
+    tok, info = snapshot_tokenizer.load(ctx)
+    assert [k for k in reads if k.endswith("tokenizer.json")] == ["snapshots/tiny/tokenizer/tokenizer.json"]
+    again, _ = snapshot_tokenizer.load(ctx)
+    assert again is tok and len([k for k in reads if k.endswith("tokenizer.json")]) == 1
+    good = (dst / "tokenizer" / "tokenizer.json").read_bytes()
+    root.write_bytes("snapshots/tiny/tokenizer/tokenizer.json", good.replace(b'"<UNK>"', b'"<unk>"', 1))
+    with pytest.raises(TokenizerMismatchError):
+        snapshot_tokenizer.load(ctx)
+    root.write_bytes("snapshots/tiny/tokenizer/tokenizer.json", good)
+    assert snapshot_tokenizer.load(ctx)[0] is tok
+    assert len([k for k in reads if k.endswith("tokenizer.json")]) == 3
