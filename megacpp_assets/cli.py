@@ -136,11 +136,11 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun
     :func:`megacpp_assets.run_workers.default_workers`). Runs on the same Dagster home
     serialize (:func:`run_lock`).
     """
+    root, home = prepare_environment(data_root)
     if workers > 1:  # the workers' fork server imports while this process does (run_workers)
         from megacpp_assets.run_workers import start_fork_server
 
         start_fork_server()
-    root, home = prepare_environment(data_root)
     with run_lock(home / ".megacpp-run.lock", f"data root {root.url}"):
         root.sweep_scratch()
         return _run_locked(corpus, root, home, instance, rerun, stages, workers)
@@ -239,11 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging()
     if args.command == "run":
-        from megacpp_assets.run_workers import default_workers
+        from megacpp_assets.run_workers import default_workers, start_method
 
         workers = args.workers if args.workers is not None else default_workers()
         if workers < 1:
             parser.error("--workers must be at least 1")
+        try:
+            start_method()
+        except ValueError as e:
+            parser.error(str(e))
         return run_snapshot(args.corpus, args.data_root, rerun=args.rerun, workers=workers)
     if args.command == "verify":
         from megacpp_checks.verify import main_verify

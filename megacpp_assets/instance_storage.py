@@ -17,13 +17,14 @@ Two behaviours of the stock class are kept on purpose:
   file for changes (``SqliteEventLogStorageWatchdog``). In WAL mode a write reaches the
   ``.db`` file only when the WAL is checkpointed, which the stock class does at every
   write (it closes its connection). A kept run connection checkpoints at SQLite's
-  default (every 1,000 WAL pages, and when the connection closes), and the storage's
-  own :meth:`~PooledSqliteEventLogStorage.watch` follows the run's WAL file as well as
-  its ``.db`` file, so the UI still sees each write as it is committed. A checkpoint
-  at every commit costs a write of the database file and its ``fsync``: 0.67 ms a
-  commit here against 0.04 ms without, and a ``default`` run commits about 3,000
-  events to run databases. (A process that watches with the stock class sees the
-  events at each checkpoint and at the end of the run.)
+  default (every 1,000 WAL pages, and when the connection closes) and after the event
+  that ends the run, and the storage's own :meth:`~PooledSqliteEventLogStorage.watch`
+  follows the run's WAL file as well as its ``.db`` file, so the UI still sees each
+  write as it is committed. A checkpoint at every commit costs a write of the database
+  file and its ``fsync``: 0.67 ms a commit here against 0.04 ms without, and a
+  ``default`` run commits about 3,000 events to run databases. (A process that watches
+  with the stock class, or copies the ``.db`` files alone, sees a running run's events
+  at its checkpoints and the whole run once it ended.)
 - **Threads and processes.** Every use of a connection holds the storage's own lock, as the
   stock class does. SQLite forbids carrying an open connection across ``fork``, which the
   stock class never has outside a call: before any ``fork`` (``os.register_at_fork``),
@@ -55,10 +56,8 @@ a tool that opens the instance with ``DagsterInstance.from_config(path)`` sets
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
-import shutil
 import tempfile
 import threading
 import weakref
@@ -69,7 +68,7 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from dagster import Enum, EnumValue, Field, StringSource
+from dagster import DagsterEventType, Enum, EnumValue, Field, StringSource
 from dagster._core.storage.event_log.schema import SqlEventLogStorageMetadata
 from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
@@ -83,6 +82,8 @@ from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_lo
 from dagster._serdes import ConfigurableClassData
 from watchdog.observers import Observer
 
+#: The events that end a run (its WAL is then checkpointed: ``store_event``).
+_RUN_ENDS = frozenset({DagsterEventType.RUN_SUCCESS, DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED})
 #: Run databases whose engine a process keeps (least recently used closed first). A
 #: process writes one run at a time (``megacpp run`` executes a job in process; a worker
 #: runs one job after another), and reads a few; the index database is always kept.
@@ -163,10 +164,11 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     def _initdb(self, engine: sa.Engine, for_index_shard: bool = False) -> None:
         """Create a new run database as the stock ``_initdb`` does — Dagster's event-log
         tables, WAL mode, the alembic version table stamped at Dagster's head revision —
-        by copying a database made so once per process (:func:`_run_template`): the
-        stock method reads Dagster's ~90 alembic migration modules at each new database
-        (about 70 ms a run here, the largest part of a run's start), and creating the
-        tables and indexes alone takes about 40 ms more; a copy takes well under 1 ms.
+        by writing a copy of a database made so once per process (:func:`_run_template`):
+        the stock method reads Dagster's ~90 alembic migration modules at each new database
+        (about 70 ms a run here, the largest part of a run's start); with the tables
+        created instead of copied, a new run database and its first event took about
+        40 ms, and take about 5 ms copied.
         The copy is placed with a hard link, which never replaces a file: when the
         database appeared meanwhile (another process), it is opened as it is. A database
         already stamped is left as it is, as the stock class does. The index database,
@@ -197,6 +199,24 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             self._obs.start()
         handler = _RunWalWatchdog(self, run_id, callback, cursor)
         self._watchers[run_id][callback] = (handler, self._obs.schedule(handler, self._base_dir, recursive=True))
+
+    def end_watch(self, run_id: str, handler) -> None:  # noqa: D102 (the stock method, plus the re-read's end)
+        kept = self._watchers[run_id].get(handler)
+        super().end_watch(run_id, handler)
+        if kept is not None and isinstance(kept[0], _RunWalWatchdog):
+            kept[0].stop()
+
+    def store_event(self, event) -> None:
+        """Store ``event`` as the stock method does; after the event that ends a run
+        (success, failure, cancellation), checkpoint the run's WAL into its ``.db`` file
+        (``PRAGMA wal_checkpoint(PASSIVE)``: it waits for no reader), so a process that
+        reads or watches the ``.db`` file alone has the whole run, though this process
+        keeps the connection open (see the module docstring)."""
+        super().store_event(event)
+        if event.is_dagster_event and event.dagster_event_type in _RUN_ENDS:
+            with self._db_lock:
+                with self._engine(event.run_id).connect() as conn:
+                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     def has_table(self, table_name: str) -> bool:
         """Whether the index database has ``table_name``, as the stock class answers it (a
@@ -241,17 +261,52 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         self._close_engines()
 
 
+#: Seconds after a change of a run's WAL file at which its watch reads the run again:
+#: SQLite writes a commit's pages to the WAL (the change the watch sees) before it makes
+#: the commit visible in the WAL index (shared memory: no file change), so a read right at
+#: the change can miss that commit.
+WAL_RECHECK_SECONDS = 0.25
+
+
 class _RunWalWatchdog(SqliteEventLogStorageWatchdog):
     """Dagster's run watchdog, fired by changes of the run's ``.db`` file or of its
     write-ahead log (``.db-wal``): a commit reaches the log at once and the ``.db`` file
-    at the next checkpoint."""
+    at the next checkpoint. Each change is read at once and once more
+    :data:`WAL_RECHECK_SECONDS` later (one pending re-read at a time); reads are serialized."""
 
     def __init__(self, storage: SqliteEventLogStorage, run_id: str, callback, cursor: str | None):
         super().__init__(storage, run_id, callback, cursor)
         self._patterns = [self._log_path, self._log_path + "-wal"]
+        self._read_lock = threading.Lock()
+        self._timer_lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self.stopped = False
+
+    def _read(self) -> None:
+        with self._read_lock:
+            if not self.stopped:
+                self._process_log()
+
+    def _reread(self) -> None:
+        with self._timer_lock:
+            self._timer = None
+        self._read()
 
     def on_modified(self, event) -> None:  # the stock handler asserts the .db path
-        self._process_log()
+        self._read()
+        with self._timer_lock:
+            if self._timer is None and not self.stopped:
+                self._timer = threading.Timer(WAL_RECHECK_SECONDS, self._reread)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def stop(self) -> None:
+        """No further read (the watch ended); a pending re-read is cancelled."""
+        with self._timer_lock:
+            self.stopped = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
 
 class _Fallback(Exception):
@@ -279,18 +334,18 @@ def _create_run_tables(conn: sa.Connection, context: MigrationContext) -> None:
     conn.commit()
 
 
-#: ``{pid: path}`` of the run-database template each process made (:func:`_run_template`).
-_TEMPLATES: dict[int, str] = {}
+#: ``(pid, bytes)`` of the empty run database this process made (:func:`_run_template`).
+_TEMPLATE: list[tuple[int, bytes]] = []
 
 
-def _run_template() -> str:
-    """The path of an empty run database (:func:`_create_run_tables`, WAL mode recorded in
-    its header, no ``-wal`` file left), made once per process in a temporary directory
-    that the process removes at exit (a forked child does not)."""
-    pid = os.getpid()
-    path = _TEMPLATES.get(pid)
-    if path is None or not os.path.exists(path):
-        d = tempfile.mkdtemp(prefix="megacpp-rundb-")
+def _run_template() -> bytes:
+    """The bytes of an empty run database (:func:`_create_run_tables`; WAL mode is recorded
+    in its header, and no ``-wal`` file is left), made once per process in a temporary
+    directory removed at once, and kept in memory (about 200 kB): a worker forked from the
+    fork server ends with ``os._exit``, so nothing may be left for exit handlers."""
+    if _TEMPLATE and _TEMPLATE[0][0] == os.getpid():
+        return _TEMPLATE[0][1]
+    with tempfile.TemporaryDirectory(prefix="megacpp-rundb-") as d:
         path = os.path.join(d, "run.db")
         engine = sa.create_engine(f"sqlite:///{path}", poolclass=sa.pool.NullPool)
         try:
@@ -298,22 +353,19 @@ def _run_template() -> str:
                 _create_run_tables(conn, MigrationContext.configure(conn))
         finally:
             engine.dispose()
-        _TEMPLATES[pid] = path
-        atexit.register(_remove_template, pid, d)
-    return path
-
-
-def _remove_template(pid: int, directory: str) -> None:
-    if os.getpid() == pid:
-        shutil.rmtree(directory, ignore_errors=True)
+        with open(path, "rb") as f:
+            data = f.read()
+    _TEMPLATE[:] = [(os.getpid(), data)]
+    return data
 
 
 def _place_run_template(path: str) -> bool:
-    """Copy the process's run-database template to ``path`` unless a file is there: the
+    """Write the process's run-database template to ``path`` unless a file is there: the
     copy is written beside it, then hard-linked to ``path`` (``FileExistsError`` when
     another process placed one first). True when this call placed it."""
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    shutil.copyfile(_run_template(), tmp)
+    with open(tmp, "wb") as f:
+        f.write(_run_template())
     try:
         os.link(tmp, path)
         return True

@@ -2,7 +2,7 @@
 pass runs on N processes at once, and so do the snapshot steps of the last pass
 (:func:`megacpp_assets.snapshot_run.run_passes`).
 
-Each worker is a fresh (``spawn``) process that opens the same Dagster instance from its
+Each worker is a fresh process (forked from a fork server, below) that opens the same Dagster instance from its
 :class:`~dagster.InstanceRef` and executes its jobs in process, so the runs, their events
 and the materializations are the instance's as usual (the UI lists them). A worker's
 standard output and error (the per-step progress lines, failure reports) come back
@@ -14,10 +14,10 @@ pools, or holds SQLite connections, can deadlock or corrupt them, so workers are
 forked from the calling process; but a ``spawn``\ ed worker imports Dagster and the stage
 libraries itself, about 3.5 s of CPU per worker per pass here (a quarter of a ``default``
 run's Dagster overhead). The fork server is a fresh process that only imports
-:data:`PRELOAD` (no thread pool has run in it, no file is open) and forks every worker
+:data:`PRELOAD` (no work has run on a thread pool in it, no file is open) and forks every worker
 from that state: a worker starts in milliseconds, and the imports are paid once per
-``megacpp run`` (:func:`start_fork_server`, called early, runs them while the caller
-does its own imports). A worker takes the caller's environment and working directory at
+``megacpp run`` (:func:`start_fork_server`, called before the caller imports Dagster,
+runs them meanwhile). A worker takes the caller's environment and working directory at
 the pool's creation (:class:`WorkerPool`), as a spawned one would, not the fork
 server's. ``MEGACPP_WORKER_START=spawn`` spawns the workers instead.
 
@@ -43,13 +43,17 @@ from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, ProcessPoolExecu
 #: steps of large shards), rounded up to 3 GiB.
 WORKER_MEMORY = 3 << 30
 
-#: Modules the fork server imports once for every worker (a module that fails to import
-#: is left to the worker, as Python's fork server does): the worker's own code and
-#: Dagster's instance storage (``DagsterInstance.from_ref``: 1.6 s of imports a worker),
-#: and the libraries stages import on first use (networkx for the include order,
+#: Modules the fork server imports once for every worker (:mod:`megacpp_assets.fork_preload`;
+#: a module that fails to import is reported and left to the worker): the worker's own
+#: code and Dagster's instance storage (``DagsterInstance.from_ref``: 1.6 s of imports a
+#: worker), and the libraries stages import on first use (networkx for the include order,
 #: matplotlib for the card, ScanCode's detection code without its index, detect-secrets,
 #: pandera with the pandas backend its first validation registers: about 0.3 s a worker,
-#: hypothesis's import included). None of them starts a thread pool or opens a file at import.
+#: hypothesis's import included). None of them opens a file or runs work on a thread pool
+#: at import; the two threads that exist after the imports (pyarrow's jemalloc
+#: background thread, numpy's OpenBLAS) are re-created or reset by those libraries' own
+#: ``fork`` handlers (``tests/test_run_workers.py`` runs Arrow, numpy and polars in
+#: forked workers).
 PRELOAD = (
     "megacpp_assets.snapshot_run", "megacpp_assets.definitions", "megacpp_assets.instance_storage",
     "dagster._core.storage.base_storage", "dagster._core.storage.runs.sqlite",
@@ -77,7 +81,7 @@ def start_fork_server() -> None:
     from multiprocessing import forkserver
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
+    ctx.set_forkserver_preload(["megacpp_assets.fork_preload"])  # imports PRELOAD, each guarded
     forkserver.ensure_running()
 
 
@@ -144,7 +148,7 @@ def _call(method: str, *args):
 
 
 class WorkerPool:
-    """``n`` spawned processes, each holding ``factory(*args)``; :meth:`run_units` calls its
+    """``n`` worker processes, each holding ``factory(*args)``; :meth:`run_units` calls its
     methods for units of work. Use as a context manager (the workers end on exit).
 
     Processes start when units are first submitted, or at once with :meth:`start`: a pool
@@ -213,10 +217,11 @@ class WorkerPool:
         return ok
 
     def release(self) -> None:
-        """Tell the workers to end without waiting for them: each finishes its interpreter
-        shut-down (a second or so for a worker holding ScanCode's index) in the background
-        while the caller goes on; :meth:`__exit__` later waits for them. Call with no unit
-        running (after :meth:`run_units`)."""
+        """Tell the workers to end without waiting for them: each ends in the background
+        while the caller goes on (a forked worker exits at once, with ``os._exit``; a
+        spawned one shuts its interpreter down, a second or so when it holds ScanCode's
+        index); :meth:`__exit__` later waits for them. Call with no unit running (after
+        :meth:`run_units`)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> "WorkerPool":

@@ -331,7 +331,7 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
             print(f"pass {n}: revisions and shards on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
             if n < len(run.passes):
                 ended, pool = pool, WorkerPool(workers, SnapshotRun.in_worker, args)
-                ended.release()  # its workers end in the background (interpreter shut-down)
+                ended.release()  # its workers end in the background
                 try:
                     pool.start()
                     if not run.snapshot(n):

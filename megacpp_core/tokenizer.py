@@ -292,16 +292,20 @@ def new_tokenizer(hybrid: bool = True) -> Tokenizer:
 
 def _mark_fixed(tok: Tokenizer, bands: list[Band]) -> tuple[Tokenizer, int]:
     """Turn the fixed tokens (trained as reserved vocab entries) into non-special added
-    tokens, in place: ``add_tokens`` with an ``AddedToken`` whose content is already in the
-    vocabulary keeps its id and takes the new flags (``special=False``, the band's
-    ``single_word``, no strip, not normalized), which is what editing the tokenizer's JSON
-    gives (``tests/test_tokenizer.py`` compares the two) without writing and parsing the
-    whole tokenizer (about 0.5 s at 131,072 ids). Returns ``(tok, number of BPE merges)``,
-    the merges counted from the model's own JSON."""
+    tokens; returns a new tokenizer and the number of BPE merges.
+
+    ``add_tokens`` with an ``AddedToken`` whose content is already in the vocabulary keeps
+    its id and records the new flags (``special=False``, the band's ``single_word``, no
+    strip, not normalized) in the serialized tokenizer, exactly as editing its JSON does;
+    but ``tokenizers`` keeps the token in its in-memory set of specials, so the result is
+    parsed again from that serialization once (``tests/test_tokenizer.py`` compares JSON,
+    encodings and decodings with the JSON edit). This skips a ``json.loads`` and a
+    ``json.dumps`` of the whole tokenizer (about 0.3 s at 131,072 ids). The merges are
+    counted from the model's own JSON."""
     flags = {t: b.single_word for b in bands for t in b.tokens}
     tok.add_tokens([AddedToken(t, special=False, single_word=w, lstrip=False, rstrip=False, normalized=False)
                     for t, w in flags.items()])
-    return tok, len(json.loads(tok.model.__getstate__())["merges"])
+    return Tokenizer.from_str(tok.to_str()), len(json.loads(tok.model.__getstate__())["merges"])
 
 
 def train_tokenizer(

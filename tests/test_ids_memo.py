@@ -113,3 +113,34 @@ def test_chunk_keeps_every_files_whole_ids(tiny):
     want = tk.encode_batch(tok, d["text"])
     assert len(got) == len(set(d["text"]))
     assert all(np.array_equal(got[t], w) and got[t].dtype == np.uint32 for t, w in zip(d["text"], want))
+
+
+def test_chunk_then_tokenize_in_one_process_encode_only_the_split_files(tiny_run, tmp_path, monkeypatch):
+    """The wiring, as a step runs them: the chunk stage then the tokenize stage of one
+    ``tiny`` shard in this process. Tokenize encodes only the chunks of split files (the
+    whole files' ids come from chunk), run alone it encodes every document, and both
+    write the bytes of the session's ``megacpp run``."""
+    import shutil
+
+    from megacpp_core import stages
+    from megacpp_core.manifest import load_manifest
+
+    src_root = tiny_run[0]
+    shutil.copytree(src_root / "snapshots", tmp_path / "snapshots")
+    manifest = load_manifest(str(tmp_path / "snapshots" / "tiny" / "manifest.yaml"))
+    shard = tmp_path / "snapshots" / "tiny" / "revisions" / "pybind11-3.1.0" / "shards" / "000"
+    want = (shard / "tokenized.parquet").read_bytes()
+    docs = pq.read_table(shard / "chunks.parquet", columns=["n_chunks"]).column("n_chunks").to_pylist()
+    assert any(n > 1 for n in docs) and any(n == 1 for n in docs)
+    for alone in (False, True):
+        (shard / "tokenized.parquet").unlink()
+        if alone:
+            ids_memo.MEMO.clear()
+        else:
+            assert stages.run("chunk", str(tmp_path), manifest, "pybind11-3.1.0", "000").ok
+        encoded = _counting_encoder(monkeypatch)
+        assert stages.run("tokenize", str(tmp_path), manifest, "pybind11-3.1.0", "000").ok
+        monkeypatch.undo()
+        assert len(encoded) == (len(docs) if alone else sum(n > 1 for n in docs))
+        assert (shard / "tokenized.parquet").read_bytes() == want
+        assert len(ids_memo.MEMO) == 0

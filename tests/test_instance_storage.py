@@ -191,16 +191,21 @@ def test_a_new_run_database_is_the_one_the_stock_storage_creates(tmp_path, monke
 
 
 def test_new_run_databases_are_copies_of_one_template_per_process(tmp_path, monkeypatch):
-    """The tables are created once per process (the template); each new run database is a
-    copy, placed without replacing a file another process put there first, and no
-    temporary copy is left behind."""
+    """The tables are created once per process (the template, kept in memory: a worker
+    forked from the fork server runs no exit handler); each new run database is a copy,
+    placed without replacing a file another process put there first, and no temporary
+    file or directory is left behind."""
+    import tempfile
+
     from megacpp_assets import instance_storage
     from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
 
     created = []
     real = instance_storage._create_run_tables
     monkeypatch.setattr(instance_storage, "_create_run_tables", lambda *a: (created.append(1), real(*a)))
-    monkeypatch.setattr(instance_storage, "_TEMPLATES", {})
+    monkeypatch.setattr(instance_storage, "_TEMPLATE", [])
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the template is made
+    (tmp_path / "tmp").mkdir()
     base = tmp_path / "runs"
     pooled = PooledSqliteEventLogStorage(str(base))
     try:
@@ -214,6 +219,7 @@ def test_new_run_databases_are_copies_of_one_template_per_process(tmp_path, monk
         assert instance_storage._place_run_template(str(taken)) is False
         assert taken.read_bytes() == b"placed by another process"
         assert not [p.name for p in base.iterdir() if ".tmp-" in p.name]
+        assert not list((tmp_path / "tmp").iterdir())  # nothing left for an exit handler to remove
     finally:
         pooled.dispose()
 
@@ -463,3 +469,71 @@ def test_the_cli_writes_its_config_upgrades_its_earlier_one_and_keeps_a_users(tm
             os.environ.pop("MEGACPP_DATA_ROOT", None)
         else:
             os.environ["MEGACPP_DATA_ROOT"] = saved
+
+
+def _run_end(run_id: str):
+    from dagster import DagsterEvent, DagsterEventType
+    from dagster._core.events.log import EventLogEntry
+
+    event = DagsterEvent(event_type_value=DagsterEventType.RUN_SUCCESS.value, job_name="job", message="done")
+    return EventLogEntry(error_info=None, level=20, user_message="", run_id=run_id, timestamp=time.time(),
+                         step_key=None, job_name="job", dagster_event=event)
+
+
+def test_a_finished_run_is_whole_in_its_db_file_while_its_connection_stays_open(tmp_path):
+    """Commits stay in the WAL while the run goes on; the event that ends the run
+    checkpoints them into the ``.db`` file, so a copy of that file alone (or a stock
+    watcher of it) has the whole run although the writer keeps its connection."""
+    import shutil
+
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    base = tmp_path / "runs"
+    writer = PooledSqliteEventLogStorage(str(base))
+    try:
+        for i in range(5):
+            writer.store_event(_entry("run-a", f"m{i}"))
+        (tmp_path / "early").mkdir()
+        shutil.copy(base / "run-a.db", tmp_path / "early" / "run-a.db")
+        early = [e.user_message for e in SqliteEventLogStorage(str(tmp_path / "early")).get_logs_for_run("run-a")]
+        assert len(early) < 5  # still in the WAL: no checkpoint per commit
+        writer.store_event(_run_end("run-a"))
+        (tmp_path / "late").mkdir()
+        shutil.copy(base / "run-a.db", tmp_path / "late" / "run-a.db")
+        got = SqliteEventLogStorage(str(tmp_path / "late")).get_logs_for_run("run-a")
+        assert [e.user_message for e in got][:5] == [f"m{i}" for i in range(5)] and len(got) == 6
+        assert got[-1].dagster_event.event_type_value == "PIPELINE_SUCCESS"
+    finally:
+        writer.dispose()
+
+
+def test_a_wal_change_is_read_at_once_and_once_more_later(tmp_path, monkeypatch):
+    """A commit's WAL pages are written (the change the watch sees) before the commit is
+    visible, so each change is read at once and re-read once shortly after; changes
+    while a re-read is pending add none, and an ended watch reads nothing more."""
+    from megacpp_assets import instance_storage
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    monkeypatch.setattr(instance_storage, "WAL_RECHECK_SECONDS", 0.2)
+    base = tmp_path / "runs"
+    storage = PooledSqliteEventLogStorage(str(base))
+    storage.store_event(_entry("run-a", "first"))
+    handler = instance_storage._RunWalWatchdog(storage, "run-a", lambda event, cursor: None, None)
+    reads: list[float] = []
+    monkeypatch.setattr(handler, "_process_log", lambda: reads.append(time.monotonic()))
+    try:
+        handler.on_modified(None)
+        handler.on_modified(None)
+        assert len(reads) == 2
+        time.sleep(0.6)
+        assert len(reads) == 3 and reads[2] - reads[0] >= 0.2
+        handler.on_modified(None)
+        handler.stop()
+        time.sleep(0.4)
+        assert len(reads) == 4  # the one at once; the pending re-read was cancelled
+        handler.on_modified(None)
+        assert len(reads) == 4
+    finally:
+        storage.dispose()

@@ -203,3 +203,61 @@ def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure
     u = SnapshotUnits(run, 2, plan)
     u.first()
     assert u.done("snapshot_group", (2, ("chunk_dedup",)), False) == (False, [])
+
+
+class _LibraryWorker:
+    """A worker state that runs each library with a thread pool of its own (a fork-safety check)."""
+
+    def work(self) -> list:
+        import numpy as np
+        import polars as pl
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        a = np.arange(400 * 400, dtype=np.float64).reshape(400, 400)
+        t = pa.table({"k": pa.array(np.arange(200_000) % 7), "v": pa.array(np.arange(200_000))})
+        grouped = t.group_by("k").aggregate([("v", "sum")]).sort_by("k")
+        frame = pl.DataFrame({"k": np.arange(100_000) % 5, "v": np.arange(100_000)}).group_by("k").agg(pl.col("v").sum())
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        tok = Tokenizer(models.WordLevel({"int": 0, "x": 1, ";": 2, "[UNK]": 3}, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        ids = [e.ids for e in tok.encode_batch([f"int x ; y{i}" for i in range(5000)])]
+        return [float((a @ a).trace()), grouped.column("v_sum").to_pylist(), int(pc.sum(t.column("v")).as_py()),
+                sorted(frame.get_column("v").to_list()), ids[:3], len(ids)]
+
+
+def test_libraries_with_thread_pools_work_in_forked_workers():
+    """numpy (OpenBLAS), Arrow, polars and a ``tokenizers`` batch run in workers forked
+    from the fork server, twice per worker, with the results of this process."""
+    from megacpp_assets.run_workers import WorkerPool, _call
+
+    want = _LibraryWorker().work()
+    with WorkerPool(2, _LibraryWorker, ()).start() as pool:
+        futures = [pool._pool.submit(_call, "work") for _ in range(4)]
+        assert [f.result(timeout=300) for f in futures] == [want] * 4
+
+
+def test_a_preload_module_that_fails_is_reported_and_the_server_lives(tmp_path):
+    """``fork_preload`` imports each module of ``PRELOAD`` guarded: one raising at import
+    (not an ``ImportError``, which would kill Python's fork server) is reported on
+    standard error and the others are imported."""
+    import subprocess
+    import sys
+
+    (tmp_path / "broken_at_import.py").write_text("raise RuntimeError('broken on purpose')\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from megacpp_assets import run_workers; "
+            "run_workers.PRELOAD = ('broken_at_import', 'json'); import megacpp_assets.fork_preload; "
+            "assert 'json' in sys.modules; print('alive')")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "alive", r.stderr
+    assert "could not import broken_at_import (RuntimeError: broken on purpose)" in r.stderr
+
+
+def test_an_unknown_worker_start_method_is_a_usage_error(monkeypatch, capsys):
+    from megacpp_assets.cli import main
+
+    monkeypatch.setenv("MEGACPP_WORKER_START", "fork")
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--corpus", "tiny", "--workers", "2"])
+    assert e.value.code == 2 and "MEGACPP_WORKER_START must be forkserver or spawn" in capsys.readouterr().err

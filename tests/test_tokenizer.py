@@ -330,6 +330,7 @@ def test_fixed_tokens_are_marked_as_editing_the_json_would_on_real_code(tiny_run
         seen["want"] = _mark_fixed_by_json(tok.to_str(), bands)
         out = real(tok, bands)
         seen["got"] = (out[0].to_str(), out[1])
+        seen["tok"] = out[0]
         return out
 
     monkeypatch.setattr(T, "_mark_fixed", spy)
@@ -338,3 +339,14 @@ def test_fixed_tokens_are_marked_as_editing_the_json_would_on_real_code(tiny_run
     fixed = T.fixed_tokens()
     ids = [build.tokenizer.token_to_id(t) for t in fixed]
     assert ids == list(range(T.NUM_SPECIAL, T.NUM_SPECIAL + len(fixed)))
+    # the returned tokenizer behaves as one parsed from the JSON edit (the in-memory state too)
+    from tokenizers import Tokenizer
+
+    ref = Tokenizer.from_str(seen["want"][0])
+    got = seen["tok"]
+    for t in (ref, got):
+        t.encode_special_tokens = True
+    probe = texts[:40] + [" ".join(fixed[:200]), "0xDEADBEEF std::vector<int> alignas(16) int x;"]
+    assert [e.ids for e in got.encode_batch(probe)] == [e.ids for e in ref.encode_batch(probe)]
+    one = [ref.encode(t, add_special_tokens=False).ids for t in fixed[:50]]
+    assert got.decode_batch(one, skip_special_tokens=True) == ref.decode_batch(one, skip_special_tokens=True)
