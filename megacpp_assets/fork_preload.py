@@ -5,14 +5,35 @@ from the server starts with them imported.
 Python's fork server skips a preload module that raises ``ImportError`` but dies on any
 other exception, and then no worker can start; importing them here, each guarded, turns
 such a failure into one line on standard error (the worker imports the module itself
-when it needs it, as a spawned worker would)."""
+when it needs it, as a spawned worker would).
+
+The server ends when ``megacpp run`` does (its end of a pipe closes), by raising
+``SystemExit``: a normal interpreter shut-down, which with these modules imported takes
+one to two seconds, during which the server still holds the terminal's or pipe's
+standard output and error that it inherited (so ``megacpp run | tee log`` waited for
+it). Nothing of the server needs cleaning up (it holds no file, no database, and its
+forked workers end with ``os._exit``), so its first exit handler flushes standard
+output and error and ends the process at once (``os._exit``). Worker processes never
+run exit handlers."""
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import sys
 
 from megacpp_assets.run_workers import PRELOAD
+
+
+def _exit_now() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
 
 for _name in PRELOAD:
     try:
@@ -20,3 +41,5 @@ for _name in PRELOAD:
     except Exception as _e:  # noqa: BLE001 — reported; the worker imports it again when needed
         print(f"megacpp run: the fork server could not import {_name} ({type(_e).__name__}: {_e}); "
               "workers import it themselves", file=sys.stderr)
+
+atexit.register(_exit_now)  # registered last: runs first
