@@ -190,25 +190,28 @@ def export_for_peer(table, folder: Path) -> Path:
 
 def our_steps(comparison: str, root, manifest) -> list:
     """``[(Stage, Partition)]`` our side runs for ``comparison`` (a key of :data:`OUR_STEPS`),
-    in the graph's order: per-shard stages on every shard of every revision of ``manifest``
-    (shard plans read from ``root``, a :class:`~megacpp_core.storage.DataRoot`), snapshot
-    stages once. Raises ``KeyError`` for an unknown comparison."""
+    in the order ``megacpp run`` runs them: shard by shard of every revision of
+    ``manifest`` (shard plans read from ``root``, a :class:`~megacpp_core.storage.DataRoot`),
+    each shard's stages one after another as its step runs them (chunk then tokenize, so
+    tokenize takes the whole files' ids chunk encoded: :mod:`megacpp_core.ids_memo`); then
+    per-revision stages; then snapshot stages once, in the graph's order. Raises
+    ``KeyError`` for an unknown comparison."""
     from megacpp_core.runner import revision_shards
     from megacpp_core.stage import Partition, Partitioning
     from megacpp_core.stages import STAGES
 
     wanted = OUR_STEPS[comparison]
+    chosen = [st for st in STAGES
+              if st.name in wanted or ("lsh_bands" in wanted and st.name.startswith("lsh_bands_"))]
     steps = []
-    for st in STAGES:
-        if st.name not in wanted and not ("lsh_bands" in wanted and st.name.startswith("lsh_bands_")):
-            continue
-        if st.partitioning is Partitioning.REVISION_SHARD:
-            for src in manifest.sources:
-                steps.extend((st, Partition(manifest.name, src.name, k)) for k in revision_shards(root, manifest.name, src.name))
-        elif st.partitioning is Partitioning.REVISION:
+    shard_stages = [st for st in chosen if st.partitioning is Partitioning.REVISION_SHARD]
+    for src in manifest.sources:
+        for k in revision_shards(root, manifest.name, src.name) if shard_stages else ():
+            steps.extend((st, Partition(manifest.name, src.name, k)) for st in shard_stages)
+    for st in chosen:
+        if st.partitioning is Partitioning.REVISION:
             steps.extend((st, Partition(manifest.name, src.name)) for src in manifest.sources)
-        else:
-            steps.append((st, Partition(manifest.name)))
+    steps.extend((st, Partition(manifest.name)) for st in chosen if st.partitioning is Partitioning.SNAPSHOT)
     return steps
 
 

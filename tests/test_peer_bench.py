@@ -86,6 +86,10 @@ def test_our_dedup_child_on_a_linked_copy(peer, tiny_run, tmp_path):
     names = [st.name for st, _ in steps]
     shards = len(sorted(snap.glob("revisions/*/shards/*/scrubbed.parquet")))
     assert names == ["minhash"] * shards + ["lsh_bands_00_07", "lsh_bands_07_14", "dedup"]
+    # shard by shard, as a step runs them (tokenize then takes chunk's whole-file ids), snapshot stages last
+    e2e = peer.our_steps("end_to_end", open_root(str(root)), manifest)
+    assert [st.name for st, _ in e2e] == ["chunk", "tokenize"] * shards + ["chunk_dedup", "pack", "format"]
+    assert [p.key for _, p in e2e[:2 * shards:2]] == [p.key for _, p in e2e[1:2 * shards:2]]
     with pytest.raises(KeyError):
         peer.our_steps("nothing", open_root(str(root)), manifest)
 
