@@ -36,8 +36,8 @@ Two behaviours of the stock class are kept on purpose:
 - **Schema checks.** ``has_table`` answers as the stock class does; a table it found is
   remembered while the index database is the same file (tables are added, never dropped).
 
-Two settings differ from the stock class. The checkpoints of run databases (above), and
-the event-log connections use SQLite's
+Two settings differ from the stock class: the checkpoints of run databases (above), and
+the ``synchronous`` level. The event-log connections use SQLite's
 ``PRAGMA synchronous=NORMAL`` (configurable: ``synchronous``, default
 :data:`DEFAULT_SYNCHRONOUS`) instead of ``FULL``. In WAL mode, SQLite documents NORMAL as
 safe from corruption; a commit is not flushed to disk by itself, so the last events
@@ -341,7 +341,7 @@ _TEMPLATE: list[tuple[int, bytes]] = []
 def _run_template() -> bytes:
     """The bytes of an empty run database (:func:`_create_run_tables`; WAL mode is recorded
     in its header, and no ``-wal`` file is left), made once per process in a temporary
-    directory removed at once, and kept in memory (about 200 kB): a worker forked from the
+    directory removed at once, and kept in memory (about 110 kB): a worker forked from the
     fork server ends with ``os._exit``, so nothing may be left for exit handlers."""
     if _TEMPLATE and _TEMPLATE[0][0] == os.getpid():
         return _TEMPLATE[0][1]

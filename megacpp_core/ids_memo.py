@@ -11,8 +11,10 @@ compares it with its text (its round-trip check), hit or miss.
 
 The memo is keyed by the tokenizer's sha256 and the text itself (a dict lookup: the text's
 hash, then a comparison of equal texts), holds one shard's texts at a time (:meth:`IdsMemo.begin`
-drops what an earlier shard left), and at most :data:`MAX_TOKENS` ids (4 bytes each); a
-stage that runs alone, in another process or pod, finds it empty and encodes as before.
+drops what an earlier shard left), and at most :data:`MAX_TOKENS` ids (4 bytes each). It
+keeps the texts it is keyed by alive from chunk to tokenize: one shard's kept text, which
+the chunk stage held anyway. A stage that runs alone, in another process or pod, finds
+it empty and encodes as before.
 """
 
 from __future__ import annotations
