@@ -4,6 +4,7 @@ connections stay bounded, and several processes (forked or spawned) share one ho
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import time
@@ -262,6 +263,19 @@ def _wait_for(got: list, n: int, seconds: float = 30) -> None:
         time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def _watching(watcher, run_id: str):
+    """The messages ``watcher``'s watch of ``run_id`` delivers (from the run's start), as a
+    list that grows while the block runs; the watch ends and ``watcher`` is disposed after."""
+    got: list[str] = []
+    watcher.watch(run_id, None, lambda event, cursor: got.append(event.user_message))
+    try:
+        yield got
+    finally:
+        watcher.end_watch(run_id, next(iter(watcher._watchers[run_id]), None))
+        watcher.dispose()
+
+
 def test_a_live_watch_on_the_run_sees_every_write(tmp_path):
     """``dagster dev`` follows a run by watching its files; each write through the kept
     connection reaches the run's WAL at its commit, and the storage's watch follows the
@@ -274,19 +288,15 @@ def test_a_live_watch_on_the_run_sees_every_write(tmp_path):
     writer.store_event(_entry("run-a", "first"))  # the run's database exists before the watch
     db = base / "run-a.db"
     before = db.stat().st_mtime_ns, db.stat().st_size
-    watcher = PooledSqliteEventLogStorage(str(base))
-    got: list[str] = []
-    watcher.watch("run-a", None, lambda event, cursor: got.append(event.user_message))
     try:
-        for i in range(12):
-            writer.store_event(_entry("run-a", f"m{i}"))
-            time.sleep(0.05)
-        _wait_for(got, 13)
-        assert got == ["first"] + [f"m{i}" for i in range(12)]
-        assert (db.stat().st_mtime_ns, db.stat().st_size) == before  # seen through the WAL alone
+        with _watching(PooledSqliteEventLogStorage(str(base)), "run-a") as got:
+            for i in range(12):
+                writer.store_event(_entry("run-a", f"m{i}"))
+                time.sleep(0.05)
+            _wait_for(got, 13)
+            assert got == ["first"] + [f"m{i}" for i in range(12)]
+            assert (db.stat().st_mtime_ns, db.stat().st_size) == before  # seen through the WAL alone
     finally:
-        watcher.end_watch("run-a", next(iter(watcher._watchers["run-a"]), None))
-        watcher.dispose()
         writer.dispose()
 
 
@@ -301,18 +311,12 @@ def test_a_stock_watch_sees_the_run_when_its_log_is_checkpointed(tmp_path):
     base = tmp_path / "runs"
     writer = PooledSqliteEventLogStorage(str(base))
     writer.store_event(_entry("run-a", "first"))
-    watcher = SqliteEventLogStorage(str(base))
-    got: list[str] = []
-    watcher.watch("run-a", None, lambda event, cursor: got.append(event.user_message))
-    try:
+    with _watching(SqliteEventLogStorage(str(base)), "run-a") as got:
         for i in range(5):
             writer.store_event(_entry("run-a", f"m{i}"))
         writer.dispose()  # closes the run's connection: its WAL is checkpointed into the .db file
         _wait_for(got, 6)
         assert got == ["first"] + [f"m{i}" for i in range(5)]  # from the start: the watch's cursor is None
-    finally:
-        watcher.end_watch("run-a", next(iter(watcher._watchers["run-a"]), None))
-        watcher.dispose()
 
 
 def test_open_run_databases_stay_bounded_and_every_run_stays_readable(tmp_path):
