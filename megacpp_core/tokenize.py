@@ -66,13 +66,10 @@ def tokenize_documents(documents: pa.Table, tok, vocab_size: int, batch: int = 2
         for start in range(0, len(texts), batch):
             chunk = texts[start:start + batch]
             held = [memo.take(sha256, t) for t in chunk] if memo is not None else [None] * len(chunk)
+            lists = [None if h is None else h.tolist() for h in held]
             todo = [j for j, h in enumerate(held) if h is None]
-            lists: list = [None] * len(chunk)
             for j, e in zip(todo, encode([chunk[j] for j in todo], add_special_tokens=False) if todo else ()):
                 lists[j] = e.ids
-            for j, h in enumerate(held):
-                if h is not None:
-                    lists[j] = h.tolist()
             decoded = tok.decode_batch(lists, skip_special_tokens=False)
             for j, back in enumerate(decoded):
                 key = keys[start + j]

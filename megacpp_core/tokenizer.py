@@ -290,9 +290,9 @@ def new_tokenizer(hybrid: bool = True) -> Tokenizer:
     return tok
 
 
-def _mark_fixed(tok: Tokenizer, bands: list[Band]) -> tuple[Tokenizer, int]:
+def _mark_fixed(tok: Tokenizer, bands: list[Band]) -> Tokenizer:
     """Turn the fixed tokens (trained as reserved vocab entries) into non-special added
-    tokens; returns a new tokenizer and the number of BPE merges.
+    tokens; returns a new tokenizer (its model, and so its merges, unchanged).
 
     ``add_tokens`` with an ``AddedToken`` whose content is already in the vocabulary keeps
     its id and records the new flags (``special=False``, the band's ``single_word``, no
@@ -300,12 +300,11 @@ def _mark_fixed(tok: Tokenizer, bands: list[Band]) -> tuple[Tokenizer, int]:
     but ``tokenizers`` keeps the token in its in-memory set of specials, so the result is
     parsed again from that serialization once (``tests/test_tokenizer.py`` compares JSON,
     encodings and decodings with the JSON edit). This skips a ``json.loads`` and a
-    ``json.dumps`` of the whole tokenizer (about 0.3 s at 131,072 ids). The merges are
-    counted from the model's own JSON."""
+    ``json.dumps`` of the whole tokenizer (about 0.3 s at 131,072 ids)."""
     flags = {t: b.single_word for b in bands for t in b.tokens}
     tok.add_tokens([AddedToken(t, special=False, single_word=w, lstrip=False, rstrip=False, normalized=False)
                     for t, w in flags.items()])
-    return Tokenizer.from_str(tok.to_str()), len(json.loads(tok.model.__getstate__())["merges"])
+    return Tokenizer.from_str(tok.to_str())
 
 
 def train_tokenizer(
@@ -371,9 +370,8 @@ def train_tokenizer(
         if counting is not None:
             counting.shutdown(wait=True, cancel_futures=True)
     if fixed:
-        tok, merges = _mark_fixed(tok, bands)
-    else:
-        merges = len(json.loads(tok.model.__getstate__())["merges"])
+        tok = _mark_fixed(tok, bands)
+    merges = len(json.loads(tok.model.__getstate__())["merges"])  # the model's own JSON, not the whole tokenizer's
     for i, token in enumerate(SPECIAL_TOKENS + fixed):
         if tok.token_to_id(token) != i:
             raise RuntimeError(f"token {token!r} trained at id {tok.token_to_id(token)}, expected {i}")
