@@ -19,6 +19,7 @@ from megacpp_checks.schemas import minhash as s_minhash
 from megacpp_checks.schemas import quality as s_quality
 from megacpp_checks.schemas import scrub as s_scrub
 from megacpp_checks.schemas import semantic as s_semantic
+from megacpp_checks.schemas import tokenizer as s_tokenizer
 
 from . import families
 from .stage import Dataset, Kind, Partitioning
@@ -83,6 +84,11 @@ TOKENIZER = Dataset("tokenizer", SNAP, "tokenizer/tokenizer.json", kind=Kind.TEX
                     description="the HuggingFace tokenizers file of the snapshot tokenizer")
 TOKENIZER_MANIFEST = Dataset("tokenizer_manifest", SNAP, "tokenizer/tokenizer_manifest.json", kind=Kind.JSON,
                              description="the tokenizer's sha256, vocabulary size and band layout")
+TOKENIZER_SAMPLE_IDS = Dataset("tokenizer_sample_ids", SNAP, "tokenizer/sample_ids.parquet",
+                               schema=s_tokenizer.validate_sample_ids,
+                               description="the ids (uint32, no BOS) of every file the tokenizer trained on, as its "
+                                           "round-trip gate encoded them, by doc_key with the text's sha256: the chunk "
+                                           "and p3_repo stages take them instead of encoding those files again")
 CHUNK_DROPS = Dataset("chunk_drops", SNAP, "documents/chunk_drops.parquet", schema=s_chunk_dedup.validate_drops,
                       description="one row per dropped whitelisted chunk with its kept twin (decided on hashes; "
                                   "the pack and format stages leave these documents out)")

@@ -256,10 +256,12 @@ class RevisionSpill:
         self._batches = 0
         self._writer = pa.ipc.new_file(str(path), self.SCHEMA)
 
-    def add(self, files: Mapping[str, tuple[str, str]]) -> None:
-        """Spill ``files`` (``{path: (language, text)}``, one shard's files). Raises
-        ``ValueError`` for a path added before (a file in two shards of one revision) and
-        from :func:`include_spellings` for an unknown language."""
+    def add(self, files: Mapping[str, tuple[str, str]], bodies: Mapping[str, np.ndarray] | None = None) -> None:
+        """Spill ``files`` (``{path: (language, text)}``, one shard's files); ``bodies``
+        (optional) gives some files' body ids already (``{path: uint32[n]}``, made from the
+        tokenizer's sample ids, :func:`megacpp_core.sample_ids.after_header`): only the
+        others are encoded. Raises ``ValueError`` for a path added before (a file in two
+        shards of one revision) and from :func:`include_spellings` for an unknown language."""
         paths = sorted(files)
         again = [q for q in paths if q in self.where]
         if again:
@@ -268,7 +270,10 @@ class RevisionSpill:
             return
         for q in paths:
             self.spellings[q] = include_spellings(files[q][1], files[q][0])
-        ids = self.encode([f"{q}\n{files[q][1]}" for q in paths])
+        bodies = bodies or {}
+        todo = [q for q in paths if q not in bodies]
+        fresh = dict(zip(todo, self.encode([f"{q}\n{files[q][1]}" for q in todo]) if todo else ()))
+        ids = [bodies[q] if q in bodies else fresh[q] for q in paths]
         for i, q in enumerate(paths):
             self.where[q], self.body_tokens[q] = (self._batches, i), len(ids[i])
         self._writer.write_batch(pa.record_batch([pa.array([files[q][1] for q in paths], pa.large_string()),

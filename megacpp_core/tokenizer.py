@@ -579,13 +579,13 @@ def count_tokens(tok: Tokenizer, text: str) -> int:
     return len(tok.encode(text, add_special_tokens=False))
 
 
-def check_round_trip(tok: Tokenizer, texts: Iterable[tuple[str, str]], batch: int = 256) -> list[str]:
+def check_round_trip(tok: Tokenizer, texts: Iterable[tuple[str, str]], batch: int = 256, keep=None) -> list[str]:
     """Keys of the ``(key, text)`` pairs whose ``decode(encode(text)) != text``, in input order.
 
     Texts are encoded (ids only, as :func:`encode_batch`) and decoded ``batch`` at a time,
-    both in ``tokenizers``' thread pool. An empty list means every text round-trips.
-    Raises ``ValueError`` as :func:`encode`.
-    """
+    both in ``tokenizers``' thread pool; ``keep(keys, ids)``, when given, receives each
+    batch's keys and id lists. An empty list means every text round-trips. Raises
+    ``ValueError`` as :func:`encode`."""
     _require_literal_specials(tok)
     encode = ids_encoder(tok)
     failed: list[str] = []
@@ -594,4 +594,6 @@ def check_round_trip(tok: Tokenizer, texts: Iterable[tuple[str, str]], batch: in
         keys, docs = zip(*chunk)
         ids = [e.ids for e in encode(list(docs), add_special_tokens=False)]  # in range: no check as in decode()
         failed += [k for k, doc, back in zip(keys, docs, tok.decode_batch(ids, skip_special_tokens=False)) if back != doc]
+        if keep is not None:
+            keep(keys, ids)
     return failed

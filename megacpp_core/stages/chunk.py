@@ -2,8 +2,9 @@
 
 Per revision × shard. Inputs: the shard's kept files (its scrubbed rows the snapshot's
 dedup ``decisions`` keep, in keep order, :func:`megacpp_core.kept.shard_kept`), the
-snapshot ``tokenizer`` (exact budgets) and, when the libclang lane is on, the revision's
-``semantic_edges`` and ``build_info``. Memory follows the shard (``shard_bytes``), not the
+snapshot ``tokenizer`` (exact budgets) with its ``tokenizer_sample_ids`` (the ids of the
+files it trained on: those files are not encoded again, :mod:`megacpp_core.sample_ids`)
+and, when the libclang lane is on, the revision's ``semantic_edges`` and ``build_info``. Memory follows the shard (``shard_bytes``), not the
 snapshot. Output: the shard's ``chunks`` — documents split at declaration boundaries under ``row_length - 1`` tokens (one
 slot is the BOS), each with its bucket and, unless ``settings.enrichment`` is off, the
 character-level enrichment: structure and AST planes, chunk list, call/type edges,
@@ -16,12 +17,12 @@ enrichment :mod:`megacpp_core.enrich`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from .. import catalog, chunk, ids_memo, snapshot_tokenizer, span_count
+from .. import catalog, chunk, ids_memo, sample_ids, snapshot_tokenizer, span_count
 from .. import kept as kept_files
 from .. import tokenizer as tk
 from ..pack import CHUNK_TYPE, EDGE_TYPE, PLATFORM_TYPE
@@ -76,7 +77,8 @@ def semantic_unit_edges(ctx) -> tuple[dict[str, dict[str, set]], dict]:
 
 def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool,
                lane_edges: dict[str, dict[str, set]] | None = None,
-               keep_ids: Callable[[str, np.ndarray], object] | None = None) -> tuple[dict[str, list], dict]:
+               keep_ids: Callable[[str, np.ndarray], object] | None = None,
+               known_ids: Sequence[np.ndarray | None] | None = None) -> tuple[dict[str, list], dict]:
     """The documents of the kept files ``d`` (columns of :func:`kept.shard_kept` as lists):
     ``(columns, tallies)``. Columns are those of :data:`DOCUMENTS_SCHEMA`, plus
     :data:`ENRICHED_COLUMNS` when ``enriching``; tallies count parse-error, brace-fallback
@@ -92,6 +94,8 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     (:class:`~megacpp_core.span_count.SpanCounter`), encoding only each span's ends.
     ``keep_ids(text, ids)``, when given, receives every file's whole ids (uint32[n]; the
     stage hands them to tokenize through :data:`megacpp_core.ids_memo.MEMO`).
+    ``known_ids[i]``, when given and not None, is file ``i``'s ids already (uint32[n], the
+    tokenizer's sample ids, :mod:`megacpp_core.sample_ids`): that file is not encoded.
     """
     from .. import enrich, platforms
 
@@ -102,7 +106,7 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     tally = {"parse_errors": 0, "brace_files": 0, "fallback_splits": 0, "split_files": 0, "lane_docs": 0,
              "enrich_seconds": 0.0, "span_encoded_chars": 0}
     tk._require_literal_specials(tok)
-    whole = _WholeCounts(tok, d["text"], budget, keep_ids)
+    whole = _WholeCounts(tok, d["text"], budget, keep_ids, known_ids)
     prepared: tuple = ()
     current: list = [None, 0]
 
@@ -170,12 +174,15 @@ class _WholeCounts:
     read. ``get(i)`` is ``(count, ids)`` of file ``i``, called for ``i = 0, 1, ...`` in
     order; ``ids`` a uint32 array kept only for files over ``budget`` (``None`` otherwise).
     ``keep(text, ids)`` (optional) receives every file's ids, from the encoding thread.
+    ``known[i]`` (optional), when not None, is file ``i``'s ids: it is not encoded.
     Errors of the encoding are raised by ``get``; :meth:`close` ends the thread."""
 
-    def __init__(self, tok, texts: list[str], budget: int, keep: Callable[[str, np.ndarray], object] | None = None):
+    def __init__(self, tok, texts: list[str], budget: int, keep: Callable[[str, np.ndarray], object] | None = None,
+                 known: Sequence[np.ndarray | None] | None = None):
         from concurrent.futures import ThreadPoolExecutor
 
         self.tok, self.texts, self.budget, self.keep = tok, texts, budget, keep
+        self.known = known if known is not None else [None] * len(texts)
         bounds, chars = [0], 0
         for i, t in enumerate(texts):
             chars += len(t)
@@ -192,12 +199,20 @@ class _WholeCounts:
     def _encode(self, k: int) -> tuple[list[int], dict[int, np.ndarray]]:
         lo, hi = self.bounds[k], self.bounds[k + 1]
         counts, over = [], {}
-        for i, e in enumerate(self.tok.encode_batch_fast(self.texts[lo:hi], add_special_tokens=False), lo):
-            counts.append(len(e))
-            ids = np.asarray(e.ids, dtype=np.uint32) if self.keep is not None or len(e) > self.budget else None
+        todo = [i for i in range(lo, hi) if self.known[i] is None]
+        fresh = iter(self.tok.encode_batch_fast([self.texts[i] for i in todo], add_special_tokens=False) if todo else ())
+        for i in range(lo, hi):
+            ids = self.known[i]
+            if ids is None:
+                e = next(fresh)
+                n = len(e)
+                ids = np.asarray(e.ids, dtype=np.uint32) if self.keep is not None or n > self.budget else None
+            else:
+                n = len(ids)
+            counts.append(n)
             if self.keep is not None:
                 self.keep(self.texts[i], ids)
-            if len(e) > self.budget:
+            if n > self.budget:
                 over[i] = ids
         return counts, over
 
@@ -236,8 +251,9 @@ def compute(ctx) -> Result:
         lane_edges, lane_figs = {}, {"semantic_graph": False}
     sha = info["sha256"]
     ids_memo.MEMO.begin(sha)  # the whole files' ids, for tokenize in this step (ids_memo)
+    known = sample_ids.read(ctx.input("tokenizer_sample_ids"), d["doc_key"], d["content_sha256"], sha)
     cols, tally = chunk_rows(d, tok, sha, budget, enriching, lane_edges,
-                             keep_ids=lambda text, ids: ids_memo.MEMO.put(sha, text, ids))
+                             keep_ids=lambda text, ids: ids_memo.MEMO.put(sha, text, ids), known_ids=known)
     parse_errors, brace_files, fallback = tally["parse_errors"], tally["brace_files"], tally["fallback_splits"]
     split_files, lane_docs, enrich_seconds = tally["split_files"], tally["lane_docs"], tally["enrich_seconds"]
     table = pa.table(cols, schema=schema).replace_schema_metadata({TOKENIZER_KEY: info["sha256"].encode()})
@@ -253,6 +269,7 @@ def compute(ctx) -> Result:
                "fallback_splits": fallback, "kinds": value_counts(table.column("kind")),
                "buckets": {str(k): int(v) for k, v in zip(*np.unique(buckets, return_counts=True))},
                "documents_over_bucket": over_bucket, "tokenizer_sha256": info["sha256"],
+               "files_with_sample_ids": sum(x is not None for x in known),
                "enrichment": enriching}
     if enriching:
         figures.update({
@@ -280,11 +297,12 @@ STAGE = Stage(
     description="Stage 6: tree-sitter split at declaration boundaries under an exact token budget (brace-balanced "
                 "fallback for files with ERROR nodes), buckets, and enrichment: structure/AST planes, chunk graph, "
                 "platform labels; the libclang lane's edges replace tree-sitter's for the files it covers.",
-    inputs=(catalog.SCRUBBED, catalog.DECISIONS, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST, catalog.SEMANTIC_EDGES, catalog.BUILD_INFO),
+    inputs=(catalog.SCRUBBED, catalog.DECISIONS, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST, catalog.TOKENIZER_SAMPLE_IDS,
+            catalog.SEMANTIC_EDGES, catalog.BUILD_INFO),
     outputs=(catalog.CHUNKS,), settings=("row_length", "enrichment", "semantic_graph"), gates=(budgets_hold,),
     figures=("files", "documents", "files_split", "budget_tokens", "max_document_tokens", "parse_error_files",
              "brace_fallback_files", "brace_fallback_rate", "fallback_splits", "kinds", "buckets", "documents_over_bucket",
-             "tokenizer_sha256", "enrichment", "enrichment_version", "enrich_seconds", "ast_node_type_map",
+             "tokenizer_sha256", "files_with_sample_ids", "enrichment", "enrichment_version", "enrich_seconds", "ast_node_type_map",
              "ast_node_type_map_sha256", "platform_vocabulary", "platform_vocabulary_sha256", "chunks", "call_edges",
              "type_edges", "platform_labels", "semantic_graph", "semantic_covered_files",
              "documents_with_semantic_edges"),

@@ -1,8 +1,10 @@
 """Curriculum phase 3 — the ``p3_repo`` documents of one revision (SPEC §5b), per revision.
 
 Input: the revision's ``tokenized`` shards (every chunk: the chunks tile each kept file,
-so joining a file's chunk texts in ``chunk_index`` order gives the file back) and the
-snapshot ``tokenizer``. The files are put in include-dependency order and cut into pieces
+so joining a file's chunk texts in ``chunk_index`` order gives the file back), the
+snapshot ``tokenizer`` and its ``tokenizer_sample_ids`` (a file the tokenizer trained on
+is not encoded again: its ids after the path header are built from its own,
+:func:`megacpp_core.sample_ids.after_header`). The files are put in include-dependency order and cut into pieces
 of at most 65,536 tokens at file boundaries (:mod:`megacpp_core.repo_documents`); a file
 over the budget alone falls back to its ``p2_file`` split (its chunks), counted in
 ``oversized_files``.
@@ -22,39 +24,46 @@ summaries, and one 64-document row group of the output (:class:`~megacpp_core.ta
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import catalog, families, family_documents, pack, repo_documents, snapshot_tokenizer
+from .. import catalog, families, family_documents, pack, repo_documents, sample_ids, snapshot_tokenizer
 from .. import tokenizer as tk
 from ..dedup import LICENSE_RANK
 from ..stage import Partitioning, Result, Stage
 from ..tables import ParquetStream
 
 P3 = families.BY_NAME["p3_repo"]
-FILE_COLUMNS = ["path", "language", "license_class", "revision", "chunk_index", "text"]
+FILE_COLUMNS = ["file_key", "path", "language", "license_class", "revision", "chunk_index", "text"]
 #: Columns of a fallback chunk's order key, read for the oversized files only.
 FALLBACK_KEY_COLUMNS = ["path", "license_class", "chunk_index"]
 
 
 def _spill_shard(ref, spill: repo_documents.RevisionSpill, license_of: dict[str, str], where: dict[str, int],
-                 j: int) -> str | None:
+                 j: int, bodies) -> str | None:
     """Join one ``tokenized`` shard's chunks into files and spill them; record each
-    file's license class (the least permissive of its chunks') and shard. Returns the
-    shard's revision label (None for an empty shard)."""
+    file's license class (the least permissive of its chunks') and shard. ``bodies(keys,
+    files)`` gives the body ids known without encoding (:func:`_sample_bodies`). Returns
+    the shard's revision label (None for an empty shard)."""
     chunks = ref.read(columns=FILE_COLUMNS)
     if not chunks.num_rows:
         return None
     chunks = chunks.take(pc.sort_indices(chunks, sort_keys=[("path", "ascending"), ("chunk_index", "ascending")]))
     files: dict[str, tuple[str, list[str]]] = {}
     classes: dict[str, list[str]] = {}
-    for path, lang, cls, text in zip(*(chunks.column(c).to_pylist() for c in ("path", "language", "license_class", "text"))):
+    keys: dict[str, str] = {}
+    for key, path, lang, cls, text in zip(*(chunks.column(c).to_pylist()
+                                            for c in ("file_key", "path", "language", "license_class", "text"))):
         files.setdefault(path, (lang, []))[1].append(text)
         classes.setdefault(path, []).append(cls)
+        keys[path] = key
     revision = chunks.column("revision")[0].as_py()
     del chunks
-    spill.add({p: (lang, "".join(texts)) for p, (lang, texts) in files.items()})
+    joined = {p: (lang, "".join(texts)) for p, (lang, texts) in files.items()}
+    spill.add(joined, bodies(keys, joined))
     for p, cs in classes.items():
         license_of[p], where[p] = family_documents.worst_license(cs), j
     return revision
@@ -71,9 +80,16 @@ def compute(ctx) -> Result:
     license_of: dict[str, str] = {}
     shard_of: dict[str, int] = {}
     revisions = set()
+    known = [0]
+
+    def bodies(keys: dict[str, str], files: dict[str, tuple[str, str]]) -> dict[str, np.ndarray]:
+        out = _sample_bodies(tok, info["sha256"], ctx.input("tokenizer_sample_ids"), keys, files)
+        known[0] += len(out)
+        return out
+
     try:
         for j, ref in enumerate(refs):
-            revisions.add(_spill_shard(ref, spill, license_of, shard_of, j))
+            revisions.add(_spill_shard(ref, spill, license_of, shard_of, j, bodies))
     finally:
         spill.close()
     revisions.discard(None)
@@ -117,8 +133,24 @@ def compute(ctx) -> Result:
     n_files = np.fromiter((len(ps) for ps in pieces.pieces), dtype=np.int64, count=len(pieces.pieces))
     figures = {**figs, "p3_repo_docs": len(pieces.pieces) + fallback_rows, "p3_repo_tokens": tokens,
                "multi_file_pieces": int((n_files > 1).sum()), "max_files_per_piece": int(n_files.max(initial=0)),
-               "fallback_documents": fallback_rows}
+               "fallback_documents": fallback_rows, "files_from_sample_ids": known[0]}
     return Result({"p3_repo_documents": out_path}, figures)
+
+
+def _sample_bodies(tok, tokenizer_sha256: str, ref, keys: dict[str, str],
+                   files: dict[str, tuple[str, str]]) -> dict[str, np.ndarray]:
+    """``{path: ids of path + "\n" + text}`` for the files (``{path: (language, text)}``,
+    ``keys``: their ``doc_key``) whose own ids the tokenizer's sample holds and whose body
+    :func:`megacpp_core.sample_ids.after_header` can build from them; the others are left to
+    the encoder."""
+    paths = sorted(files)
+    shas = [hashlib.sha256(files[p][1].encode("utf-8")).hexdigest() for p in paths]
+    out = {}
+    for p, ids in zip(paths, sample_ids.read(ref, [keys[p] for p in paths], shas, tokenizer_sha256)):
+        body = None if ids is None else sample_ids.after_header(tok, tokenizer_sha256, p, files[p][1], ids)
+        if body is not None:
+            out[p] = body
+    return out
 
 
 def _fallback(ref, path: str, chunk_indices: list[int], schema: pa.Schema) -> pa.Table:
@@ -160,8 +192,8 @@ STAGE = Stage(
     name="repo_documents", asset="p3_repo_documents", partitioning=Partitioning.REVISION, compute=compute, code_version="2",
     description="Curriculum phase 3 (SPEC 5b): a revision's files in include-dependency order, each after the file "
                 "separator and its path, cut at file boundaries into 65,536-token pieces (one BOS each).",
-    inputs=(catalog.TOKENIZED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),
+    inputs=(catalog.TOKENIZED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST, catalog.TOKENIZER_SAMPLE_IDS),
     outputs=(catalog.FAMILY_DOCUMENTS["p3_repo"],), gates=(pieces_hold_whole_files,),
     figures=("files", "includes_resolved", "includes_after_includer", "pieces", "oversized_files", "p3_repo_docs",
-             "p3_repo_tokens", "multi_file_pieces", "max_files_per_piece", "fallback_documents"),
+             "p3_repo_tokens", "multi_file_pieces", "max_files_per_piece", "fallback_documents", "files_from_sample_ids"),
 )

@@ -3,7 +3,9 @@
 Per snapshot. Inputs: the scrubbed shards and the dedup ``decisions``: the tokenizer trains
 on a bounded, deterministic sample of the kept files (``settings.tokenizer_sample_bytes``,
 :func:`megacpp_core.kept.sample`; every kept file when they fit). Outputs: ``tokenizer``
-(``tokenizer.json``) and ``tokenizer_manifest`` (sha256, vocabulary size, band layout).
+(``tokenizer.json``), ``tokenizer_manifest`` (sha256, vocabulary size, band layout) and
+``tokenizer_sample_ids``: the ids the round-trip gate encoded, which the chunk and
+``p3_repo`` stages take instead of encoding those files again (:mod:`megacpp_core.sample_ids`).
 Trains the hybrid byte-level BPE (:mod:`megacpp_core.tokenizer`), or takes the manifest's
 pinned ``tokenizer: {path, sha256}`` (sha256 checked, no training). Fails closed when any
 document does not round-trip exactly.
@@ -11,14 +13,17 @@ document does not round-trip exactly.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
+import numpy as np
 import tokenizers
 
-from .. import catalog
+from .. import catalog, sample_ids
 from .. import kept as kept_files
 from .. import tokenizer as tk
 from ..stage import Partitioning, Result, Stage, StageError
+from ..tables import write_parquet
 
 
 def compute(ctx) -> Result:
@@ -50,7 +55,14 @@ def compute(ctx) -> Result:
             tok_bytes = (d / tk.TOKENIZER_FILE).read_bytes()
         fixed_count, learned, reserved, bands = build.fixed, build.learned, build.reserved, build.bands
     tok = tk.tokenizer_from_json(tok_bytes, info["tokenizer_sha256"])
-    failures = tk.check_round_trip(tok, zip(kept.column("doc_key").to_pylist(), texts))
+    keys: list[str] = []
+    ids: list[np.ndarray] = []
+
+    def keep(batch_keys, batch_ids):
+        keys.extend(batch_keys)
+        ids.extend(np.asarray(x, np.uint32) for x in batch_ids)
+
+    failures = tk.check_round_trip(tok, zip(kept.column("doc_key").to_pylist(), texts), keep=keep)
     if failures:
         raise StageError(f"tokenizer round trip fails on {len(failures)} documents, first {failures[0]}")
     fixed = tk.SPECIAL_TOKENS + (tk.fixed_tokens() if fixed_count else [])
@@ -60,8 +72,14 @@ def compute(ctx) -> Result:
                "ids_in_vocab": tok.get_vocab_size(with_added_tokens=True),
                "fixed_at_ids": all(tok.token_to_id(t) == i for i, t in enumerate(fixed)),
                "round_trip_failures": len(failures)}
+    shas = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts]  # as the scrubbed table's content_sha256
+    sample = sample_ids.table(keys, shas, ids, info["tokenizer_sha256"])
+    figures.update({"sample_ids_files": sample.num_rows, "sample_ids_tokens": int(sum(len(x) for x in ids))})
+    sample_path = write_parquet(sample, ctx.workdir("sample-ids-") / "sample_ids.parquet", sample_ids.ROW_GROUP_ROWS)
+    del sample, ids
     manifest_text = json.dumps(info, sort_keys=True, indent=2) + "\n"
-    return Result({"tokenizer": tok_bytes, "tokenizer_manifest": json.loads(manifest_text)}, figures)
+    return Result({"tokenizer": tok_bytes, "tokenizer_manifest": json.loads(manifest_text), "tokenizer_sample_ids": sample_path},
+                  figures)
 
 
 def vocab_size_exact(g):
@@ -87,9 +105,10 @@ STAGE = Stage(
     name="tokenizer", asset="tokenizer", partitioning=Partitioning.SNAPSHOT, compute=compute, code_version="1",
     kinds=("json",),
     description="Stage 5: byte-level BPE trained on the deduplicated snapshot; special tokens at IDs 0-63.",
-    inputs=(catalog.SCRUBBED, catalog.DECISIONS), outputs=(catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST),
+    inputs=(catalog.SCRUBBED, catalog.DECISIONS), outputs=(catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST, catalog.TOKENIZER_SAMPLE_IDS),
     settings=("vocab_size", "tokenizer", "tokenizer_sample_bytes"),
     gates=(vocab_size_exact, fixed_special_ids, round_trip_every_document),
     figures=("vocab_size", "fixed", "learned", "reserved", "sha256", "bands", "training_documents", "pinned",
-             "seed_morphemes", "ids_in_vocab", "fixed_at_ids", "round_trip_failures"),
+             "seed_morphemes", "ids_in_vocab", "fixed_at_ids", "round_trip_failures", "sample_ids_files",
+             "sample_ids_tokens"),
 )

@@ -1,0 +1,145 @@
+"""Token ids of the tokenizer's training sample, kept for the stages that encode the same files.
+
+The tokenizer stage's round-trip gate encodes every document of its training sample (every
+kept file while they fit ``tokenizer_sample_bytes``). Those ids are written beside the
+tokenizer as ``tokenizer/sample_ids.parquet`` (:data:`SCHEMA`: one row per sample file,
+sorted by ``doc_key``, :data:`ROW_GROUP_ROWS` rows a row group, so a reader filtering on its
+own keys reads only their row groups). Two later stages encode the same texts again:
+
+* the chunk stage encodes every kept file whole for its exact budgets: it takes the ids of
+  each file found here (:func:`read`) and encodes only the others;
+* the ``p3_repo`` stage encodes each file after its path header (``path + "\\n" + text``):
+  :func:`after_header` builds those ids from the file's own ids when the header's newline
+  provably ends a token (see there), and the stage encodes the rest.
+
+A row is used only when its ``content_sha256`` is the file's (the sha256 of its UTF-8
+text, as in the ``scrubbed`` table) and the ids were made by the same tokenizer (the file's
+``megacpp.tokenizer_sha256`` metadata); otherwise the file is encoded as before. Either way
+the ids are those :func:`megacpp_core.tokenizer.encode` gives: the outputs do not change,
+only the work (``tests/test_sample_ids.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+#: Columns of ``sample_ids.parquet``: the file's ``doc_key`` and ``content_sha256`` (hex),
+#: its token count and its ids (``uint32``, no BOS).
+SCHEMA = pa.schema([("doc_key", pa.string()), ("content_sha256", pa.string()), ("n_tokens", pa.int64()),
+                    ("ids", pa.list_(pa.uint32()))])
+#: Rows per row group (local choice: a few hundred files, so a shard's filtered read skips
+#: the other shards' groups by their ``doc_key`` statistics).
+ROW_GROUP_ROWS = 256
+#: Parquet key-value metadata naming the tokenizer the ids were made with.
+TOKENIZER_KEY = b"megacpp.tokenizer_sha256"
+
+
+def table(keys: Sequence[str], sha256s: Sequence[str], ids: Sequence[np.ndarray], tokenizer_sha256: str) -> pa.Table:
+    """The ``sample_ids`` table (:data:`SCHEMA`) of files ``keys`` with content hashes
+    ``sha256s`` and ids ``ids`` (``uint32[n_i]`` each), sorted by ``doc_key``, with the
+    tokenizer's sha256 in the schema metadata. Raises ``ValueError`` when the three lengths
+    differ."""
+    if not len(keys) == len(sha256s) == len(ids):
+        raise ValueError(f"{len(keys)} keys, {len(sha256s)} hashes and {len(ids)} id lists")
+    n = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    offsets = np.zeros(len(ids) + 1, np.int32)
+    np.cumsum(n, out=offsets[1:])
+    values = np.concatenate([np.asarray(x, np.uint32) for x in ids]) if len(ids) else np.zeros(0, np.uint32)
+    t = pa.table([pa.array(list(keys), pa.string()), pa.array(list(sha256s), pa.string()), pa.array(n, pa.int64()),
+                  pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32()))], schema=SCHEMA)
+    t = t.take(pc.sort_indices(t, sort_keys=[("doc_key", "ascending")]))
+    return t.replace_schema_metadata({TOKENIZER_KEY: tokenizer_sha256.encode()})
+
+
+def read(ref, keys: Sequence[str], sha256s: Sequence[str], tokenizer_sha256: str) -> list[np.ndarray | None]:
+    """The sample ids of files ``keys`` (``doc_key``) with content hashes ``sha256s``, from
+    the ``sample_ids`` input ``ref``: per file its ``uint32`` ids (a view of one buffer), or
+    None when the file is not in the sample, its hash differs, or the file was made by
+    another tokenizer than ``tokenizer_sha256`` (then every entry is None). Only the row
+    groups holding ``keys`` are read."""
+    out: list[np.ndarray | None] = [None] * len(keys)
+    if not len(keys) or not ref.exists() or ref.metadata().get("tokenizer_sha256") != tokenizer_sha256:
+        return out
+    t = ref.read(columns=["doc_key", "content_sha256", "ids"],
+                 filters=pc.field("doc_key").isin(pa.array(list(keys), pa.string())))
+    if not t.num_rows:
+        return out
+    col = t.column("ids").combine_chunks()
+    offsets = col.offsets.to_numpy()
+    values = col.values.to_numpy(zero_copy_only=False)
+    found = {k: (s, j) for j, (k, s) in enumerate(zip(t.column("doc_key").to_pylist(), t.column("content_sha256").to_pylist()))}
+    for i, (k, s) in enumerate(zip(keys, sha256s)):
+        hit = found.get(k)
+        if hit is not None and hit[0] == s:
+            out[i] = values[offsets[hit[1]]:offsets[hit[1] + 1]]
+    return out
+
+
+#: ``{tokenizer sha256: bool}``: :func:`header_safe`'s verdicts in this process.
+_SAFE: dict[str, bool] = {}
+#: The stand-in for a text's first character when a header is encoded alone (any ASCII
+#: letter would do: it is a non-space character and one byte-level token).
+STAND_IN = "x"
+
+
+def header_safe(tok, tokenizer_sha256: str) -> bool:
+    """Whether ``tok`` (the snapshot tokenizer, sha256 ``tokenizer_sha256``) splits
+    ``header + "\\n" + text`` at the newline whenever ``text`` starts with a printable
+    non-space ASCII character, so that its ids are the header's then the text's own:
+
+    * no normalizer, and the pre-tokenizer is :func:`megacpp_core.tokenizer.new_tokenizer`'s
+      (:data:`~megacpp_core.tokenizer.CODE_PATTERN`, split ``isolated``, then byte-level
+      without regex). No branch of that pattern matches a newline followed by a non-space
+      character, and it has no look-behind, so a match ends at the newline and the text's
+      matches are its own; the look-ahead ``(?!\\S)`` before the newline only asks whether
+      a non-space character follows, which the stand-in answers as the text does;
+    * no non-special added token has ``lstrip`` or ``rstrip`` (which would take the newline
+      in), holds a newline followed by such a character (it could span the boundary), or
+      is ``single_word`` and ends with a newline (its right-neighbour test would read the
+      text). Tokenizers' BPE then works within each piece.
+
+    Cached per sha256."""
+    got = _SAFE.get(tokenizer_sha256)
+    if got is None:
+        got = _SAFE[tokenizer_sha256] = _header_safe(tok)
+    return got
+
+
+def _printable(c: str) -> bool:
+    return "!" <= c <= "~"
+
+
+def _header_safe(tok) -> bool:
+    from . import tokenizer as tk
+
+    if tok.normalizer is not None or tok.pre_tokenizer is None:
+        return False
+    if tok.pre_tokenizer.__getstate__() != tk.new_tokenizer(True).pre_tokenizer.__getstate__():
+        return False
+    for t in tok.get_added_tokens_decoder().values():
+        if t.special:
+            continue
+        c = t.content
+        if t.lstrip or t.rstrip or (t.single_word and c.endswith("\n")):
+            return False
+        if any(_printable(c[i + 1]) for i in range(len(c) - 1) if c[i] == "\n"):
+            return False
+    return True
+
+
+def after_header(tok, tokenizer_sha256: str, header: str, text: str, ids: np.ndarray) -> np.ndarray | None:
+    """The ids of ``header + "\\n" + text`` (``uint32``) from ``ids``, the ids of ``text``
+    alone, or None when that is not proven equal to encoding the whole (:func:`header_safe`
+    is false, ``text`` is empty or starts with anything but a printable non-space ASCII
+    character, or the stand-in is not its own last token). The header's ids come from
+    encoding ``header + "\\n" + STAND_IN`` (a few tokens)."""
+    if not text or not _printable(text[0]) or not header_safe(tok, tokenizer_sha256):
+        return None
+    head = tok.encode(f"{header}\n{STAND_IN}", add_special_tokens=False).ids
+    if not head or head[-1] != tok.token_to_id(STAND_IN):
+        return None
+    return np.concatenate([np.asarray(head[:-1], np.uint32), np.asarray(ids, np.uint32)])
