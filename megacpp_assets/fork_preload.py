@@ -14,11 +14,19 @@ standard output and error that it inherited (so ``megacpp run | tee log`` waited
 it). Nothing of the server needs cleaning up (it holds no file, no database, and its
 forked workers end with ``os._exit``), so its first exit handler flushes standard
 output and error and ends the process at once (``os._exit``). Worker processes never
-run exit handlers."""
+run exit handlers.
+
+Once the modules are imported, their objects are moved out of the garbage collector's
+reach (``gc.freeze``, after one collection): every worker is forked from this state and
+keeps those objects for its whole life, and a full collection in a worker no longer
+walks them (on ``default``, 0.22 s a full collection in a worker before, 0.01 s after; a
+pass-2 worker ran three to nine). Python's documentation recommends it for processes
+forked without ``exec``: it also keeps the workers from writing to the server's pages."""
 
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import os
 import sys
@@ -43,3 +51,5 @@ for _name in PRELOAD:
               "workers import it themselves", file=sys.stderr)
 
 atexit.register(_exit_now)  # registered last: runs first
+gc.collect()
+gc.freeze()

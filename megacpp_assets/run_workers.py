@@ -30,6 +30,7 @@ what it keeps: :func:`default_workers` gives one worker per core within
 
 from __future__ import annotations
 
+import gc
 import io
 import multiprocessing
 import os
@@ -124,7 +125,9 @@ _WORKER = None
 
 def _init(factory: Callable, args: tuple, queue, env: dict[str, str], cwd: str) -> None:
     """Worker initializer: take the caller's environment and working directory, route
-    stdout/stderr to ``queue``, then build the worker's state."""
+    stdout/stderr to ``queue``, then build the worker's state. That state (the instance,
+    the jobs) lives as long as the worker, so it is frozen out of the garbage collector's
+    full collections as the fork server's modules are (:mod:`megacpp_assets.fork_preload`)."""
     global _WORKER
     if os.environ != env:
         os.environ.clear()
@@ -132,6 +135,7 @@ def _init(factory: Callable, args: tuple, queue, env: dict[str, str], cwd: str) 
     os.chdir(cwd)
     sys.stdout, sys.stderr = _QueueWriter(queue, "out"), _QueueWriter(queue, "err")
     _WORKER = factory(*args)
+    gc.freeze()
 
 
 def _ready() -> int:
