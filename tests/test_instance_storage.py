@@ -541,3 +541,94 @@ def test_a_wal_change_is_read_at_once_and_once_more_later(tmp_path, monkeypatch)
         assert len(reads) == 4
     finally:
         storage.dispose()
+
+
+def test_the_run_storage_keeps_one_connection_and_reads_back_through_the_stock_class(tmp_path):
+    """The instance's run storage is the pooled one on Dagster's ``history/runs.db``: runs it
+    writes (materialized assets, their tags) are read back by the stock class, and it holds
+    one connection to the file across calls, none in a forked child."""
+    import dagster as dg
+    from dagster import DagsterInstance
+    from dagster._core.storage.runs import SqliteRunStorage
+
+    from megacpp_assets.instance_storage import PooledSqliteRunStorage
+
+    write_instance_config(tmp_path)
+    runs_db = str(tmp_path / "history" / "runs.db")
+
+    def open_to_runs_db() -> int:
+        return sum(1 for fd in os.listdir("/proc/self/fd")
+                   if os.path.realpath(f"/proc/self/fd/{fd}") == runs_db)
+
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as instance:
+        assert isinstance(instance.run_storage, PooledSqliteRunStorage)
+        for _ in range(3):
+            assert dg.materialize(_assets(), instance=instance).success
+        assert open_to_runs_db() == 1  # one kept connection, not one per call
+        ids = sorted(r.run_id for r in instance.get_runs())
+        ctx = multiprocessing.get_context("fork")
+        child = ctx.Process(target=lambda: os._exit(3 if open_to_runs_db() else 0))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0  # closed before the fork
+        assert dg.materialize(_assets(), instance=instance).success  # and opened again after it
+    stock = SqliteRunStorage.from_local(str(tmp_path / "history"))
+    got = stock.get_runs()
+    assert len(got) == 4 and set(ids) <= {r.run_id for r in got}
+    assert all(r.is_success for r in got)
+    assert _integrity(tmp_path / "history" / "runs.db") == "ok"
+
+
+def test_run_storage_schema_answers_are_remembered_while_runs_db_is_the_same_file(tmp_path, monkeypatch):
+    """``has_run_stats_index_cols`` and ``has_backfill_id_column`` answer as the stock class;
+    a true answer is not asked again until ``runs.db`` is another file, and a false one is
+    asked each time."""
+    import shutil
+
+    from dagster._core.storage.runs import SqliteRunStorage
+    from dagster._core.storage.runs.sql_run_storage import SqlRunStorage
+
+    from megacpp_assets.instance_storage import PooledSqliteRunStorage
+
+    stock = SqliteRunStorage.from_local(str(tmp_path))
+    pooled = PooledSqliteRunStorage(stock._conn_string)
+    asked: list[str] = []
+    real_stats, real_backfill = SqlRunStorage.has_run_stats_index_cols, SqlRunStorage.has_backfill_id_column
+    answer = {"backfill": False}
+    monkeypatch.setattr(SqlRunStorage, "has_run_stats_index_cols", lambda self: (asked.append("stats"), real_stats(self))[1])
+    monkeypatch.setattr(SqlRunStorage, "has_backfill_id_column",
+                        lambda self: (asked.append("backfill"), answer["backfill"] and real_backfill(self))[1])
+    try:
+        assert pooled.has_run_stats_index_cols() and pooled.has_run_stats_index_cols()
+        assert not pooled.has_backfill_id_column() and not pooled.has_backfill_id_column()
+        assert asked == ["stats", "backfill", "backfill"]
+        answer["backfill"] = True
+        assert pooled.has_backfill_id_column() and pooled.has_backfill_id_column()
+        assert asked == ["stats", "backfill", "backfill", "backfill"]
+        shutil.copy(tmp_path / "runs.db", tmp_path / "copy.db")
+        os.replace(tmp_path / "copy.db", tmp_path / "runs.db")  # another file under the same name
+        assert pooled.has_run_stats_index_cols() and asked[-1] == "stats" and len(asked) == 5
+        assert pooled.get_runs() == []  # the kept connection follows the new file
+    finally:
+        pooled.dispose()
+
+
+def test_asset_key_column_answers_are_remembered_while_the_index_is_the_same_file(tmp_path, monkeypatch):
+    """The ``asset_keys`` column checks of the event log answer as the stock class and are
+    asked once while the index database is the same file."""
+    from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    pooled = PooledSqliteEventLogStorage(str(tmp_path / "runs"))
+    asked: list[str] = []
+    real = SqlEventLogStorage._has_asset_key_col_on_connection
+    monkeypatch.setattr(SqlEventLogStorage, "_has_asset_key_col_on_connection",
+                        lambda self, conn, name: (asked.append(name), real(self, conn, name))[1])
+    try:
+        assert pooled.has_asset_key_index_cols() and pooled.has_asset_key_index_cols()
+        assert pooled.can_read_asset_status_cache() and pooled.can_read_asset_status_cache()
+        assert not pooled.has_asset_key_col("no_such_column") and not pooled.has_asset_key_col("no_such_column")
+        assert asked == ["last_materialization_timestamp", "cached_status_data", "no_such_column", "no_such_column"]
+    finally:
+        pooled.dispose()
