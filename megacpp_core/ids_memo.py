@@ -19,58 +19,20 @@ it empty and encodes as before.
 
 from __future__ import annotations
 
-import threading
-
-import numpy as np
+from .memo import TextMemo
 
 #: Ids the memo holds at most (uint32, 4 bytes each: 256 MiB). xl's largest shard has
 #: about 9 M tokens; a put beyond the limit is dropped (its text is encoded again later).
 MAX_TOKENS = 64 << 20
 
 
-class IdsMemo:
-    """``{text: uint32 ids}`` under one tokenizer sha256 (see the module docstring).
-    Thread-safe: chunk puts from its encoding thread."""
+class IdsMemo(TextMemo):
+    """``{text: uint32 ids}`` under one tokenizer sha256 (the scope), at most ``max_tokens``
+    ids (see the module docstring and :class:`~megacpp_core.memo.TextMemo`). Thread-safe:
+    chunk puts from its encoding thread."""
 
     def __init__(self, max_tokens: int = MAX_TOKENS):
-        self.max_tokens = max_tokens
-        self._lock = threading.Lock()
-        self._sha: str | None = None
-        self._ids: dict[str, np.ndarray] = {}
-        self._tokens = 0
-
-    def begin(self, sha256: str) -> None:
-        """Start holding ids made with the tokenizer ``sha256``; drops everything held."""
-        with self._lock:
-            self._sha, self._ids, self._tokens = sha256, {}, 0
-
-    def put(self, sha256: str, text: str, ids: np.ndarray) -> bool:
-        """Hold ``ids`` (uint32[n]) of ``text`` encoded by the tokenizer ``sha256``; False
-        (nothing held) for another tokenizer than :meth:`begin`'s or beyond ``max_tokens``."""
-        with self._lock:
-            if sha256 != self._sha or self._tokens + len(ids) > self.max_tokens or text in self._ids:
-                return False
-            self._ids[text] = ids
-            self._tokens += len(ids)
-            return True
-
-    def take(self, sha256: str, text: str) -> np.ndarray | None:
-        """The ids held for ``text`` under the tokenizer ``sha256`` (removed from the memo),
-        or None."""
-        with self._lock:
-            if sha256 != self._sha:
-                return None
-            ids = self._ids.pop(text, None)
-            if ids is not None:
-                self._tokens -= len(ids)
-            return ids
-
-    def clear(self) -> None:
-        """Drop everything held (the tokenizer too)."""
-        self.begin(None)  # type: ignore[arg-type]
-
-    def __len__(self) -> int:
-        return len(self._ids)
+        super().__init__(max_tokens, len)
 
 
 #: The process's memo (chunk puts, tokenize takes).

@@ -42,7 +42,7 @@ import tree_sitter
 import tree_sitter_c
 import tree_sitter_cpp
 
-from .chunk import grammar_of, parser_for
+from .chunk import ParsedSource, grammar_of, parse_source, parser_for
 
 #: Special token that opens every file of a repository piece (a fixed tokenizer ID,
 #: SPEC §5 "file-separator markers"; :data:`megacpp_core.tokenizer.SPECIAL_TOKENS`).
@@ -59,15 +59,19 @@ def _include_query(grammar: str) -> tree_sitter.Query:
     return tree_sitter.Query(lang, "(preproc_include path: (_) @path)")
 
 
-def include_spellings(text: str, language: str) -> list[str]:
+def include_spellings(text: str, language: str, parsed: ParsedSource | None = None) -> list[str]:
     """The targets of the ``#include`` directives of ``text`` as written, in file order,
     without quotes or angle brackets (``"util/a.h"`` → ``util/a.h``). ``language`` is a
     stage-1 label (``c``, ``cpp``, ``header``, ``cuda``: :func:`megacpp_core.chunk.grammar_of`);
     raises ``ValueError`` for an unknown one. A macro include (``#include FOO_H``) has no
-    spelling and is skipped."""
+    spelling and is skipped. ``parsed``: the text's :class:`~megacpp_core.chunk.ParsedSource`
+    (the same grammar's tree of the same bytes), when the caller has it; else the text is parsed."""
     grammar = grammar_of(language)
-    src = text.encode("utf-8", "surrogatepass")
-    tree = parser_for(grammar).parse(src)
+    if parsed is not None and parsed.grammar == grammar and parsed.text == text:
+        src, tree = parsed.src, parsed.tree
+    else:
+        src = text.encode("utf-8", "surrogatepass")
+        tree = parser_for(grammar).parse(src)
     nodes = tree_sitter.QueryCursor(_include_query(grammar)).captures(tree.root_node).get("path", [])
     out = []
     for node in sorted(nodes, key=lambda n: n.start_byte):
@@ -241,15 +245,19 @@ class RevisionSpill:
     its body ``path + "\n" + text`` is encoded, and its text and ids are appended to an
     Arrow IPC file at ``path`` on local disk (one record batch per :meth:`add`). Memory
     holds per file its path, spellings, body token count and spill position, plus the
-    shard being added; never the revision's texts or ids.
+    shard being added; never the revision's texts or ids (its parses only through
+    ``keep_parsed``, within that memo's limit).
 
-    ``encode(strings) -> [ids]`` as in :func:`revision_documents`.
+    ``encode(strings) -> [ids]`` as in :func:`revision_documents`. ``keep_parsed(text,
+    parsed)``, when given, receives each file's :class:`~megacpp_core.chunk.ParsedSource`
+    (the stage hands them to ``p4_structure`` through :data:`megacpp_core.memo.PARSED`).
     """
 
     SCHEMA = pa.schema([("text", pa.large_string()), ("ids", pa.list_(pa.uint32()))])
 
-    def __init__(self, path, encode: Callable[[list[str]], list]):
-        self.path, self.encode = path, encode
+    def __init__(self, path, encode: Callable[[list[str]], list],
+                 keep_parsed: Callable[[str, ParsedSource], object] | None = None):
+        self.path, self.encode, self.keep_parsed = path, encode, keep_parsed
         self.where: dict[str, tuple[int, int]] = {}
         self.spellings: dict[str, list[str]] = {}
         self.body_tokens: dict[str, int] = {}
@@ -269,7 +277,13 @@ class RevisionSpill:
         if not paths:
             return
         for q in paths:
-            self.spellings[q] = include_spellings(files[q][1], files[q][0])
+            language, text = files[q]
+            if self.keep_parsed is None or not text:
+                self.spellings[q] = include_spellings(text, language)
+                continue
+            parsed = parse_source(text, language)
+            self.spellings[q] = include_spellings(text, language, parsed)
+            self.keep_parsed(text, parsed)
         bodies = bodies or {}
         todo = [q for q in paths if q not in bodies]
         fresh = dict(zip(todo, self.encode([f"{q}\n{files[q][1]}" for q in todo]) if todo else ()))

@@ -254,14 +254,18 @@ class StructureBuilder:
     the enrichment of the last fallback file.
 
     ``fallback_file(path) -> (text, {doc_key: (start, end)})``: an oversized file's whole
-    text and the character span of each of its fallback documents; the other arguments as
-    in :func:`structure_table`."""
+    text and the character span of each of its fallback documents; ``parsed(text)``
+    (optional) a file's :class:`~megacpp_core.chunk.ParsedSource` when one was kept for it
+    (:data:`megacpp_core.memo.PARSED`), or None (the file is parsed); the other arguments
+    as in :func:`structure_table`."""
 
     def __init__(self, languages: Mapping[str, str], fallback_file: Callable[[str], tuple[str, Mapping[str, tuple[int, int]]]],
-                 lane: Lane | None, table: list[bytes], lengths: np.ndarray, file_sep_id: int):
+                 lane: Lane | None, table: list[bytes], lengths: np.ndarray, file_sep_id: int,
+                 parsed: Callable[[str], object] | None = None):
         from .chunk import StructureCategory
 
         self.languages, self.fallback_file, self.lane = languages, fallback_file, lane
+        self.parsed = parsed or (lambda text: None)
         self.table, self.lengths, self.file_sep_id = table, lengths, file_sep_id
         self.categories = StructureCategory
         self.figs = dict.fromkeys(("chunks", "call_edges", "type_edges", "cross_file_call_edges", "cross_file_type_edges",
@@ -288,12 +292,12 @@ class StructureBuilder:
                 if paths is not None:
                     texts = dict(repo_documents.split_piece(text, paths, offsets))
                     segs = piece_segments(paths, offsets, texts)
-                    files = {p: enrich.enrich_file(texts[p], self.languages[p]) for p in paths}
+                    files = {p: self._enrich(texts[p], self.languages[p]) for p in paths}
                     self.piece_of.update(dict.fromkeys(paths, i))
                 else:
                     if self.cached is None or self.cached[0] != path:
                         whole, spans = self.fallback_file(path)
-                        self.cached = (path, enrich.enrich_file(whole, self.languages[path]), spans)
+                        self.cached = (path, self._enrich(whole, self.languages[path]), spans)
                     a, b = self.cached[2][key]
                     segs, files = fallback_segments(path, a, b), {path: self.cached[1]}
                     self.piece_of.setdefault(path, -1 - i)
@@ -318,6 +322,16 @@ class StructureBuilder:
         self.docs += p3.num_rows
         self.tokens += int(pc.sum(p3.column("n_tokens")).as_py() or 0)
         return out
+
+    def _enrich(self, text: str, language: str) -> enrich.FileEnrichment:
+        """:func:`megacpp_core.enrich.enrich_file` of one whole file, on its kept parse when
+        one of the same grammar was kept."""
+        from .chunk import grammar_of
+
+        parsed = self.parsed(text)
+        if parsed is not None and parsed.grammar != grammar_of(language):
+            parsed = None
+        return enrich.enrich_file(text, language, parsed)
 
     def figures(self) -> dict:
         """``docs``, ``tokens``, ``chunks``, ``call_edges``, ``type_edges``,

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import catalog, families, family_documents, pack, repo_documents, sample_ids, snapshot_tokenizer
+from .. import catalog, families, family_documents, memo, pack, repo_documents, sample_ids, snapshot_tokenizer
 from .. import tokenizer as tk
 from ..dedup import LICENSE_RANK
 from ..stage import Partitioning, Result, Stage
@@ -76,7 +76,10 @@ def compute(ctx) -> Result:
         pack.check_tokenizer({"tokenizer_sha256": ref.metadata().get("tokenizer_sha256")}, info["sha256"], None, ref.uri)
     sep = tok.token_to_id(repo_documents.FILE_SEP)
     work = ctx.workdir("p3-")
-    spill = repo_documents.RevisionSpill(work / "files.arrow", lambda s: tk.encode_batch(tok, s))
+    scope = ctx.partition.key
+    memo.PARSED.begin(scope)  # the files' trees, for p4_structure in this step (megacpp_core.memo)
+    spill = repo_documents.RevisionSpill(work / "files.arrow", lambda s: tk.encode_batch(tok, s),
+                                         keep_parsed=lambda text, parsed: memo.PARSED.put(scope, text, parsed))
     license_of: dict[str, str] = {}
     shard_of: dict[str, int] = {}
     revisions = set()

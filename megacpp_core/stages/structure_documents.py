@@ -13,7 +13,11 @@ here whatever ``settings.enrichment`` says: it is what this family is. Streamed:
 they are built (:class:`~megacpp_core.structure_documents.StructureBuilder`); an oversized
 file's text is read back from its shard when its first fallback chunk comes. Memory: the
 per-file languages and piece numbers, one batch, one 64-document output row group
-(:data:`~megacpp_core.family_documents.DOCUMENT_ROW_GROUP`).
+(:data:`~megacpp_core.family_documents.DOCUMENT_ROW_GROUP`). When the ``p3_repo`` stage
+ran just before in this process (one step), each file's tree-sitter parse is taken from
+it (:data:`megacpp_core.memo.PARSED`, at most
+:data:`~megacpp_core.memo.MAX_PARSED_CHARS` characters) instead of parsed again; the
+memo is emptied when the stage ends.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import catalog, family_documents, pack, repo_documents, snapshot_tokenizer, tokenize
+from .. import catalog, family_documents, memo, pack, repo_documents, snapshot_tokenizer, tokenize
 from .. import structure_documents as sd
 from .. import tokenizer as tk
 from ..stage import Partitioning, Result, Stage, StageError
@@ -80,13 +84,18 @@ def compute(ctx) -> Result:
     sep = tok.token_to_id(repo_documents.FILE_SEP)
     if sep != FILE_SEP_ID:
         raise StageError(f"structure_documents: {repo_documents.FILE_SEP} is id {sep}, expected its fixed id {FILE_SEP_ID}")
-    builder = sd.StructureBuilder(languages, _fallback_loader(shards), _lane(ctx), table_bytes, lengths, sep)
+    scope = ctx.partition.key  # p3_repo's parses of this revision's files, when it ran in this step
+    builder = sd.StructureBuilder(languages, _fallback_loader(shards), _lane(ctx), table_bytes, lengths, sep,
+                                  parsed=lambda text: memo.PARSED.take(scope, text))
     out_path = ctx.workdir("p4-") / "p4_structure_documents.parquet"
-    with ParquetStream(out_path, _schema(ref), family_documents.DOCUMENT_ROW_GROUP, whole_row_groups=True) as out:
-        for batch in ref.iter_batches(batch_size=sd.BATCH_DOCS):
-            t = builder.add(pa.Table.from_batches([batch]))
-            out.write(t)
-        out.add_metadata({family_documents.TOKENIZER_KEY.decode(): info["sha256"]})
+    try:
+        with ParquetStream(out_path, _schema(ref), family_documents.DOCUMENT_ROW_GROUP, whole_row_groups=True) as out:
+            for batch in ref.iter_batches(batch_size=sd.BATCH_DOCS):
+                t = builder.add(pa.Table.from_batches([batch]))
+                out.write(t)
+            out.add_metadata({family_documents.TOKENIZER_KEY.decode(): info["sha256"]})
+    finally:
+        memo.PARSED.clear()
     figs = builder.figures()
     figures = {"p4_structure_docs": figs.pop("docs"), **figs, "semantic_graph": bool(ctx.settings.semantic_graph)}
     return Result({P4.name: out_path}, figures)
