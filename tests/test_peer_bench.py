@@ -95,6 +95,9 @@ def test_our_dedup_child_on_a_linked_copy(peer, tiny_run, tmp_path):
 
     before = {p: p.stat().st_mtime_ns for p in snap.rglob("*") if p.is_file()}
     copy = peer._link_snapshot(root, "tiny", tmp_path / "root")
+    # our side encodes every file, as datatrove's: the untimed tokenizer stage's ids are left out
+    assert (snap / "tokenizer" / "sample_ids.parquet").exists()
+    assert not (copy / "snapshots" / "tiny" / "tokenizer" / "sample_ids.parquet").exists()
     out = tmp_path / "ours.json"
     peer.ours_child("dedup", str(copy), "tiny", str(out))
     res = json.loads(out.read_text())
