@@ -44,7 +44,7 @@ from dagster import (
 )
 
 from megacpp_assets import profiles
-from megacpp_core import card, plots
+from megacpp_core import card, memo, plots
 from megacpp_core import stages as stage_registry
 from megacpp_core.runner import StageResult, output_uris, revision_shards, run_stage
 from megacpp_core.stage import Partition, Partitioning, Stage
@@ -315,7 +315,8 @@ def stage_group_asset(group: tuple[Stage, ...], producers: dict[str, Stage]):
     partition; when one's gates fail, its result (with the failed checks) is the step's
     last: the stages after it do not run, and Dagster fails the step on the blocking check
     as it does for a single asset. ``AssertionError`` for a group mixing partitionings or
-    holding a ``heavy`` stage (those keep their own pod)."""
+    holding a ``heavy`` stage (those keep their own pod). Whatever a stage handed a later
+    one in memory (:mod:`megacpp_core.memo`) is dropped when the step ends, however it ends."""
     assert len({s.partitioning for s in group}) == 1 and not any(s.heavy for s in group), group
     specs = [AssetSpec(s.asset, deps=_asset_deps(s, producers), code_version=s.code_version, kinds=set(s.kinds),
                        description=s.description, metadata=_asset_metadata(s), group_name=GROUPS[s.partitioning],
@@ -332,13 +333,16 @@ def stage_group_asset(group: tuple[Stage, ...], producers: dict[str, Stage]):
         if alone:  # a check evaluates the outputs its stage commits: it runs with its asset
             raise ValueError(f"the checks of {', '.join(alone)} run when the asset is materialized; "
                              "select the asset, not its checks alone")
-        for stage in group:
-            if AssetKey(stage.asset) not in selected:
-                continue
-            result, ok = _materialize(context, stage, producers)
-            yield result
-            if not ok:
-                return
+        try:
+            for stage in group:
+                if AssetKey(stage.asset) not in selected:
+                    continue
+                result, ok = _materialize(context, stage, producers)
+                yield result
+                if not ok:
+                    return
+        finally:
+            memo.clear_all()  # what one stage handed the next is not kept past the step
 
     return _group
 

@@ -21,7 +21,8 @@ reach (``gc.freeze``, after one collection): every worker is forked from this st
 keeps those objects for its whole life, and a full collection in a worker no longer
 walks them (on ``default``, 0.22 s a full collection in a worker before, 0.01 s after; a
 pass-2 worker ran three to nine). Python's documentation recommends it for processes
-forked without ``exec``: it also keeps the workers from writing to the server's pages."""
+forked without ``exec``: the collector then no longer writes to those objects either,
+though reference counting still does."""
 
 from __future__ import annotations
 

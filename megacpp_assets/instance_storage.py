@@ -290,25 +290,30 @@ class PooledSqliteRunStorage(SqliteRunStorage):
     Same database, schema and queries as the stock class. Every use of the connection
     holds the storage's lock; before any ``fork`` the connection is closed (as the event
     log's, :func:`_before_fork`), and a database file replaced or deleted under it is
-    noticed by its inode at the next use and opened again. ``has_run_stats_index_cols``
+    noticed by its inode at the next use and opened again. A run's end checkpoints the
+    WAL (:meth:`handle_run_event`). ``has_run_stats_index_cols``
     and ``has_backfill_id_column`` (a reflection of the ``runs`` table's columns, asked
     at every run created and updated) remember a true answer while the database is the
-    same file (Dagster's migrations add columns and never drop one); ``upgrade``,
-    ``wipe`` and ``dispose`` close the connection and forget the answers."""
+    same file (device, inode and status-change time; Dagster's migrations add columns
+    and never drop one); ``upgrade``, ``wipe`` and ``dispose`` close the connection and
+    forget the answers."""
 
     def __init__(self, conn_string: str, inst_data: ConfigurableClassData | None = None):
         super().__init__(conn_string, inst_data)
         self._db_lock = threading.RLock()
         self._kept: tuple[sa.Engine, tuple[int, int] | None] | None = None
-        self._found: tuple[tuple[int, int] | None, frozenset[str]] = (None, frozenset())
+        self._found: tuple[tuple[int, int, int] | None, frozenset[str]] = (None, frozenset())
         _LIVE.add(self)
 
     def _file_id(self) -> tuple[int, int] | None:
+        st = self._stat()
+        return None if st is None else (st.st_dev, st.st_ino)
+
+    def _stat(self) -> os.stat_result | None:
         try:
-            st = os.stat(sa.engine.make_url(self._conn_string).database)
+            return os.stat(sa.engine.make_url(self._conn_string).database)
         except (FileNotFoundError, TypeError):
             return None
-        return st.st_dev, st.st_ino
 
     @contextmanager
     def connect(self) -> Iterator[sa.Connection]:  # noqa: D102 (the stock method, on a kept engine)
@@ -326,7 +331,8 @@ class PooledSqliteRunStorage(SqliteRunStorage):
                 yield conn
 
     def _remembered(self, name: str, ask) -> bool:
-        fid = self._file_id()
+        st = self._stat()  # ctime too, as the event log's: an inode number can be reused
+        fid = None if st is None else (st.st_dev, st.st_ino, st.st_ctime_ns)
         opened, found = self._found
         if fid is not None and opened == fid and name in found:
             return True
@@ -334,6 +340,17 @@ class PooledSqliteRunStorage(SqliteRunStorage):
         if ok and fid is not None:
             self._found = (fid, (found if opened == fid else frozenset()) | {name})
         return ok
+
+    def handle_run_event(self, run_id: str, event, update_timestamp=None) -> None:
+        """As the stock method; after the event that ends a run (success, failure,
+        cancellation) the WAL is checkpointed into ``runs.db`` (``PASSIVE``: it waits for no
+        reader), so a copy of the ``.db`` file alone has every finished run although the
+        connection stays open (the stock class checkpoints whenever its last connection
+        closes, after every call)."""
+        super().handle_run_event(run_id, event, update_timestamp)
+        if event.event_type in _RUN_ENDS:
+            with self.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     def has_run_stats_index_cols(self) -> bool:  # noqa: D102 (the stock answer, remembered: class docstring)
         return self._remembered("runs.start_time+end_time", super().has_run_stats_index_cols)

@@ -121,6 +121,9 @@ class _QueueWriter(io.TextIOBase):
 
 
 _WORKER = None
+#: Objects this worker found frozen when it started: those of the fork server's imports
+#: (:mod:`megacpp_assets.fork_preload`); 0 in a spawned worker.
+FROZEN_AT_START = 0
 
 
 def _init(factory: Callable, args: tuple, queue, env: dict[str, str], cwd: str) -> None:
@@ -128,13 +131,15 @@ def _init(factory: Callable, args: tuple, queue, env: dict[str, str], cwd: str) 
     stdout/stderr to ``queue``, then build the worker's state. That state (the instance,
     the jobs) lives as long as the worker, so it is frozen out of the garbage collector's
     full collections as the fork server's modules are (:mod:`megacpp_assets.fork_preload`)."""
-    global _WORKER
+    global _WORKER, FROZEN_AT_START
+    FROZEN_AT_START = gc.get_freeze_count()
     if os.environ != env:
         os.environ.clear()
         os.environ.update(env)
     os.chdir(cwd)
     sys.stdout, sys.stderr = _QueueWriter(queue, "out"), _QueueWriter(queue, "err")
     _WORKER = factory(*args)
+    gc.collect()  # nothing left over from building it is frozen with it
     gc.freeze()
 
 

@@ -18,6 +18,8 @@ Memos in use:
   which parses it again. p3 keeps each :class:`~megacpp_core.chunk.ParsedSource` here and
   p4 takes it (step ``repo_documents__structure_documents``): one tree-sitter parse per
   file instead of two (about 1.25 s of the 4.8 s p4 took on ``default``).
+
+A step that runs several stages empties every memo when it ends (:func:`clear_all`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-#: Characters of parsed text :data:`PARSED` holds at most: a tree-sitter tree with its
-#: source holds about 22 bytes per character (measured on ``default``'s kept files), so
-#: 8 Mi characters are about 180 MB. A revision with more keeps its first files' trees.
-MAX_PARSED_CHARS = 8 << 20
+#: Bytes of parses :data:`PARSED` holds at most, as :func:`parsed_bytes` estimates them
+#: (192 MiB: about 9 M characters of ASCII code). A revision with more keeps its first
+#: files' parses.
+MAX_PARSED_BYTES = 192 << 20
+#: Bytes a tree-sitter tree and its source take per UTF-8 byte of source (22.4 measured:
+#: ``default``'s 762 scrubbed files, 10.66 M characters, 239 MB more resident once parsed).
+TREE_BYTES_PER_BYTE = 22
 
 
 class TextMemo:
@@ -77,6 +82,24 @@ class TextMemo:
         return len(self._values)
 
 
+def parsed_bytes(parsed) -> int:
+    """Estimated memory of a :class:`~megacpp_core.chunk.ParsedSource`: the tree and source
+    (:data:`TREE_BYTES_PER_BYTE` per source byte) plus its byte-to-character map (8 bytes
+    per source byte, non-ASCII text only)."""
+    return TREE_BYTES_PER_BYTE * len(parsed.src) + (parsed.b2c.nbytes if parsed.b2c is not None else 0)
+
+
 #: The process's parses of one revision's files, from p3 to p4 (module docstring); the
 #: scope is the revision's partition key.
-PARSED = TextMemo(MAX_PARSED_CHARS, lambda parsed: len(parsed.text))
+PARSED = TextMemo(MAX_PARSED_BYTES, parsed_bytes)
+
+
+def clear_all() -> None:
+    """Empty every memo of this process (:data:`PARSED` and
+    :data:`megacpp_core.ids_memo.MEMO`): called when a step that ran several stages ends,
+    so nothing one of them handed on outlives the step (a stage that failed, or a later
+    stage not selected, would otherwise leave it until the next step)."""
+    from .ids_memo import MEMO
+
+    PARSED.clear()
+    MEMO.clear()

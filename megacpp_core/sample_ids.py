@@ -9,14 +9,16 @@ own keys reads only their row groups). Two later stages encode the same texts ag
 * the chunk stage encodes every kept file whole for its exact budgets: it takes the ids of
   each file found here (:func:`read`) and encodes only the others;
 * the ``p3_repo`` stage encodes each file after its path header (``path + "\\n" + text``):
-  :func:`after_header` builds those ids from the file's own ids when the header's newline
-  provably ends a token (see there), and the stage encodes the rest.
+  :func:`after_header` builds those ids from the file's own ids when the tokenizer's
+  rules make the whole encoding the header's then the text's (see :func:`header_safe`),
+  and the stage encodes the rest.
 
 A row is used only when its ``content_sha256`` is the file's (the sha256 of its UTF-8
-text, as in the ``scrubbed`` table) and the ids were made by the same tokenizer (the file's
-``megacpp.tokenizer_sha256`` metadata); otherwise the file is encoded as before. Either way
-the ids are those :func:`megacpp_core.tokenizer.encode` gives: the outputs do not change,
-only the work (``tests/test_sample_ids.py``).
+text, as in the ``scrubbed`` table), the ids were made by the same tokenizer (the file's
+``megacpp.tokenizer_sha256`` metadata) and they decode to the text (:func:`verified`);
+otherwise the file is encoded as before. The ids are then those
+:func:`megacpp_core.tokenizer.encode` gives: the outputs do not change, only the work
+(``tests/test_sample_ids.py``, on the real ``tiny`` snapshot and hostile headers and texts).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import pyarrow.compute as pc
 #: Columns of ``sample_ids.parquet``: the file's ``doc_key`` and ``content_sha256`` (hex),
 #: its token count and its ids (``uint32``, no BOS).
 SCHEMA = pa.schema([("doc_key", pa.string()), ("content_sha256", pa.string()), ("n_tokens", pa.int64()),
-                    ("ids", pa.list_(pa.uint32()))])
+                    ("ids", pa.large_list(pa.uint32()))])
 #: Rows per row group (local choice: a few hundred files, so a shard's filtered read skips
 #: the other shards' groups by their ``doc_key`` statistics).
 ROW_GROUP_ROWS = 256
@@ -46,11 +48,11 @@ def table(keys: Sequence[str], sha256s: Sequence[str], ids: Sequence[np.ndarray]
     if not len(keys) == len(sha256s) == len(ids):
         raise ValueError(f"{len(keys)} keys, {len(sha256s)} hashes and {len(ids)} id lists")
     n = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-    offsets = np.zeros(len(ids) + 1, np.int32)
+    offsets = np.zeros(len(ids) + 1, np.int64)  # large_list: a sample may hold over 2**31 tokens
     np.cumsum(n, out=offsets[1:])
     values = np.concatenate([np.asarray(x, np.uint32) for x in ids]) if len(ids) else np.zeros(0, np.uint32)
     t = pa.table([pa.array(list(keys), pa.string()), pa.array(list(sha256s), pa.string()), pa.array(n, pa.int64()),
-                  pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32()))], schema=SCHEMA)
+                  pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint32()))], schema=SCHEMA)
     t = t.take(pc.sort_indices(t, sort_keys=[("doc_key", "ascending")]))
     return t.replace_schema_metadata({TOKENIZER_KEY: tokenizer_sha256.encode()})
 
@@ -87,22 +89,26 @@ STAND_IN = "x"
 
 
 def header_safe(tok, tokenizer_sha256: str) -> bool:
-    """Whether ``tok`` (the snapshot tokenizer, sha256 ``tokenizer_sha256``) splits
-    ``header + "\\n" + text`` at the newline whenever ``text`` starts with a printable
-    non-space ASCII character, so that its ids are the header's then the text's own:
+    """Whether ``tok`` (the snapshot tokenizer, sha256 ``tokenizer_sha256``) cuts
+    ``header + "\n" + text`` at the newline whenever ``text`` starts with a printable
+    non-space ASCII character, so that the text's ids are its own:
 
-    * no normalizer, and the pre-tokenizer is :func:`megacpp_core.tokenizer.new_tokenizer`'s
+    * ``encode_special_tokens`` is on, no truncation or padding, no normalizer, and the
+      pre-tokenizer is :func:`megacpp_core.tokenizer.new_tokenizer`'s
       (:data:`~megacpp_core.tokenizer.CODE_PATTERN`, split ``isolated``, then byte-level
       without regex). No branch of that pattern matches a newline followed by a non-space
-      character, and it has no look-behind, so a match ends at the newline and the text's
-      matches are its own; the look-ahead ``(?!\\S)`` before the newline only asks whether
-      a non-space character follows, which the stand-in answers as the text does;
-    * no non-special added token has ``lstrip`` or ``rstrip`` (which would take the newline
-      in), holds a newline followed by such a character (it could span the boundary), or
-      is ``single_word`` and ends with a newline (its right-neighbour test would read the
-      text). Tokenizers' BPE then works within each piece.
+      character and it has no look-behind, so a match ends at the newline and the text's
+      matches are those it has alone (BPE then works within each piece);
+    * no added token (special ones included: a special token's match is skipped but still
+      takes its characters from the other tokens' matching) has ``lstrip`` or ``rstrip``
+      (which would take the newline in), holds a newline followed by such a character (it
+      could span the boundary), or is ``single_word`` and ends with a newline (its
+      right-neighbour test would read the text).
 
-    Cached per sha256."""
+    What comes before the newline can still depend on what follows it: the look-ahead
+    ``(?!\S)`` sees the text's first character, or the end of the piece when the text
+    starts with an added token. :func:`after_header` therefore encodes the header both
+    ways and uses it only when the two agree. Cached per sha256."""
     got = _SAFE.get(tokenizer_sha256)
     if got is None:
         got = _SAFE[tokenizer_sha256] = _header_safe(tok)
@@ -116,13 +122,13 @@ def _printable(c: str) -> bool:
 def _header_safe(tok) -> bool:
     from . import tokenizer as tk
 
+    if not tok.encode_special_tokens or tok.truncation is not None or tok.padding is not None:
+        return False
     if tok.normalizer is not None or tok.pre_tokenizer is None:
         return False
     if tok.pre_tokenizer.__getstate__() != tk.new_tokenizer(True).pre_tokenizer.__getstate__():
         return False
     for t in tok.get_added_tokens_decoder().values():
-        if t.special:
-            continue
         c = t.content
         if t.lstrip or t.rstrip or (t.single_word and c.endswith("\n")):
             return False
@@ -132,14 +138,33 @@ def _header_safe(tok) -> bool:
 
 
 def after_header(tok, tokenizer_sha256: str, header: str, text: str, ids: np.ndarray) -> np.ndarray | None:
-    """The ids of ``header + "\\n" + text`` (``uint32``) from ``ids``, the ids of ``text``
+    """The ids of ``header + "\n" + text`` (``uint32``) from ``ids``, the ids of ``text``
     alone, or None when that is not proven equal to encoding the whole (:func:`header_safe`
     is false, ``text`` is empty or starts with anything but a printable non-space ASCII
-    character, or the stand-in is not its own last token). The header's ids come from
-    encoding ``header + "\\n" + STAND_IN`` (a few tokens)."""
+    character, or the header's ids depend on what follows it). The header's ids are
+    those of ``header + "\n"`` when they equal the ids of ``header + "\n" + STAND_IN``
+    without the stand-in's (its own last token): then neither answer of the look-ahead
+    before the newline changes them (see :func:`header_safe`)."""
     if not text or not _printable(text[0]) or not header_safe(tok, tokenizer_sha256):
         return None
     head = tok.encode(f"{header}\n{STAND_IN}", add_special_tokens=False).ids
     if not head or head[-1] != tok.token_to_id(STAND_IN):
         return None
+    if tok.encode(f"{header}\n", add_special_tokens=False).ids != head[:-1]:
+        return None
     return np.concatenate([np.asarray(head[:-1], np.uint32), np.asarray(ids, np.uint32)])
+
+
+def verified(tok, texts: Sequence[str], ids: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+    """``ids`` with every entry that does not decode to its text (``texts[i]``) replaced by
+    None (that text is then encoded): a cheap guard against a damaged ``sample_ids`` file
+    (decoding is a table lookup per token; the sha256 checks of :func:`read` guard the
+    text and the tokenizer)."""
+    todo = [i for i, x in enumerate(ids) if x is not None]
+    out = list(ids)
+    if todo:
+        back = tok.decode_batch([ids[i].tolist() for i in todo], skip_special_tokens=False)
+        for i, b in zip(todo, back):
+            if b != texts[i]:
+                out[i] = None
+    return out

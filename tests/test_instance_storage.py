@@ -566,6 +566,10 @@ def test_the_run_storage_keeps_one_connection_and_reads_back_through_the_stock_c
             assert dg.materialize(_assets(), instance=instance).success
         assert open_to_runs_db() == 1  # one kept connection, not one per call
         ids = sorted(r.run_id for r in instance.get_runs())
+        alone = tmp_path / "copy"
+        alone.mkdir()
+        (alone / "runs.db").write_bytes((tmp_path / "history" / "runs.db").read_bytes())  # the .db file without its WAL
+        assert sorted(r.run_id for r in SqliteRunStorage.from_local(str(alone)).get_runs()) == ids  # checkpointed at each run's end
         ctx = multiprocessing.get_context("fork")
         child = ctx.Process(target=lambda: os._exit(3 if open_to_runs_db() else 0))
         child.start()

@@ -29,11 +29,13 @@ def test_a_text_memo_holds_one_scope_within_its_limit_and_gives_each_value_once(
     assert len(m) == 0 and not m.put("b", "x", "1")
 
 
-def test_the_parse_memo_counts_characters():
-    parsed = chunk.parse_source("int x;\n", "c")
-    m = memo.TextMemo(7, memo.PARSED.size)
+def test_the_parse_memo_counts_the_trees_and_offset_maps_it_holds():
+    ascii_, wide = chunk.parse_source("int x;\n", "c"), chunk.parse_source("int é;\n", "c")
+    assert memo.parsed_bytes(ascii_) == memo.TREE_BYTES_PER_BYTE * 7  # no offset map for ASCII
+    assert memo.parsed_bytes(wide) == memo.TREE_BYTES_PER_BYTE * 8 + 8 * 9  # 8 bytes, an int64 map of 9
+    m = memo.TextMemo(memo.parsed_bytes(ascii_), memo.parsed_bytes)
     m.begin("rev")
-    assert m.put("rev", parsed.text, parsed) and not m.put("rev", "other", chunk.parse_source("int y;\n", "c"))
+    assert m.put("rev", ascii_.text, ascii_) and not m.put("rev", "other", chunk.parse_source("int y;\n", "c"))
 
 
 def _count_parses(monkeypatch) -> dict[str, list[str]]:
@@ -49,7 +51,7 @@ def _count_parses(monkeypatch) -> dict[str, list[str]]:
     return counts
 
 
-@pytest.mark.parametrize("limit", [memo.MAX_PARSED_CHARS, 20_000])
+@pytest.mark.parametrize("limit", [memo.MAX_PARSED_BYTES, 440_000])
 def test_p3_then_p4_in_one_process_parse_each_file_once_and_write_the_same_bytes(tiny_run, tmp_path, monkeypatch, limit):
     """With the memo's full limit p4 parses nothing; with a small one it parses the files
     the memo could not hold; run alone it parses every file. The bytes are the session
@@ -75,6 +77,6 @@ def test_p3_then_p4_in_one_process_parse_each_file_once_and_write_the_same_bytes
         assert len(memo.PARSED) == 0
         files = len(counts["p3"])
         assert files > 0 and len(counts["p4"]) == (files if alone else files - held)
-        assert held == files if limit == memo.MAX_PARSED_CHARS else 0 < held < files
+        assert held == files if limit == memo.MAX_PARSED_BYTES else 0 < held < files
         for n, b in want.items():
             assert (fam / n).read_bytes() == b, (n, alone)

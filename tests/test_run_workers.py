@@ -104,9 +104,12 @@ class _ProbeWorker:
         import gc
         import sys
 
+        from megacpp_assets import run_workers
+
         return {"pid": os.getpid(), "ppid": os.getppid(), "var": os.environ.get(var), "cwd": os.getcwd(),
                 "preloaded": "networkx" in sys.modules,  # nothing here imports networkx
-                "frozen": gc.get_freeze_count()}  # objects out of the collector's full collections
+                "frozen": gc.get_freeze_count(),  # objects out of the collector's full collections
+                "frozen_at_start": run_workers.FROZEN_AT_START}  # those the fork server froze
 
 
 def _probe(pool, var: str) -> list[dict]:
@@ -128,7 +131,8 @@ def test_workers_fork_from_the_preloaded_server_with_the_callers_environment(tmp
         got = _probe(pool, "MEGACPP_PROBE")
     assert all(g["ppid"] != os.getpid() and g["pid"] != os.getpid() for g in got)  # the server's children
     assert all(g["preloaded"] for g in got)
-    assert all(g["frozen"] > 100_000 for g in got)  # the preloaded modules' objects, frozen in the server
+    assert all(g["frozen_at_start"] > 100_000 for g in got)  # the preloaded modules' objects, frozen in the server
+    assert all(g["frozen"] > g["frozen_at_start"] for g in got)  # and the worker's own state, once built
     assert all(g["var"] == "set after the fork server started" and g["cwd"] == str(tmp_path) for g in got)
     monkeypatch.delenv("MEGACPP_PROBE")
     with WorkerPool(1, _ProbeWorker, ()) as pool:  # a variable removed since: gone in the worker too
@@ -143,7 +147,7 @@ def test_workers_can_be_spawned_instead(monkeypatch):
     with WorkerPool(1, _ProbeWorker, ()) as pool:
         got = _probe(pool, "MEGACPP_PROBE")
     assert all(g["ppid"] == os.getpid() and not g["preloaded"] and g["var"] == "spawned" for g in got)
-    assert all(g["frozen"] > 0 for g in got)  # the worker's state, frozen once built (_init)
+    assert all(g["frozen_at_start"] == 0 and g["frozen"] > 0 for g in got)  # its own state only, frozen once built
     monkeypatch.setenv("MEGACPP_WORKER_START", "fork")
     with pytest.raises(ValueError, match="MEGACPP_WORKER_START must be forkserver or spawn"):
         start_method()

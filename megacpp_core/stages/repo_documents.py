@@ -143,13 +143,16 @@ def compute(ctx) -> Result:
 def _sample_bodies(tok, tokenizer_sha256: str, ref, keys: dict[str, str],
                    files: dict[str, tuple[str, str]]) -> dict[str, np.ndarray]:
     """``{path: ids of path + "\n" + text}`` for the files (``{path: (language, text)}``,
-    ``keys``: their ``doc_key``) whose own ids the tokenizer's sample holds and whose body
+    ``keys``: their ``doc_key``) whose own ids the tokenizer's sample holds (same text
+    hash, decoding to the text: :func:`megacpp_core.sample_ids.verified`) and whose body
     :func:`megacpp_core.sample_ids.after_header` can build from them; the others are left to
     the encoder."""
     paths = sorted(files)
-    shas = [hashlib.sha256(files[p][1].encode("utf-8")).hexdigest() for p in paths]
+    texts = [files[p][1] for p in paths]
+    shas = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts]
+    known = sample_ids.verified(tok, texts, sample_ids.read(ref, [keys[p] for p in paths], shas, tokenizer_sha256))
     out = {}
-    for p, ids in zip(paths, sample_ids.read(ref, [keys[p] for p in paths], shas, tokenizer_sha256)):
+    for p, ids in zip(paths, known):
         body = None if ids is None else sample_ids.after_header(tok, tokenizer_sha256, p, files[p][1], ids)
         if body is not None:
             out[p] = body

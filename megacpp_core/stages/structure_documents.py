@@ -16,8 +16,8 @@ per-file languages and piece numbers, one batch, one 64-document output row grou
 (:data:`~megacpp_core.family_documents.DOCUMENT_ROW_GROUP`). When the ``p3_repo`` stage
 ran just before in this process (one step), each file's tree-sitter parse is taken from
 it (:data:`megacpp_core.memo.PARSED`, at most
-:data:`~megacpp_core.memo.MAX_PARSED_CHARS` characters) instead of parsed again; the
-memo is emptied when the stage ends.
+:data:`~megacpp_core.memo.MAX_PARSED_BYTES`) instead of parsed again; the memo is
+emptied when the stage ends.
 """
 
 from __future__ import annotations
