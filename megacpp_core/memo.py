@@ -25,6 +25,7 @@ A step that runs several stages empties every memo when it ends (:func:`clear_al
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,10 @@ MAX_PARSED_BYTES = 192 << 20
 TREE_BYTES_PER_BYTE = 22
 
 
+#: Every memo of this process (:func:`clear_all`).
+_ALL: weakref.WeakSet[TextMemo] = weakref.WeakSet()
+
+
 class TextMemo:
     """``{text: value}`` under one scope, at most ``limit`` in ``size(value)`` units (see the
     module docstring). Thread-safe."""
@@ -47,6 +52,7 @@ class TextMemo:
         self._scope: str | None = None
         self._values: dict[str, Any] = {}
         self._used = 0
+        _ALL.add(self)
 
     def begin(self, scope: str | None) -> None:
         """Start holding values of ``scope``; drops everything held."""
@@ -95,11 +101,9 @@ PARSED = TextMemo(MAX_PARSED_BYTES, parsed_bytes)
 
 
 def clear_all() -> None:
-    """Empty every memo of this process (:data:`PARSED` and
+    """Empty every memo of this process (every :class:`TextMemo`: :data:`PARSED`,
     :data:`megacpp_core.ids_memo.MEMO`): called when a step that ran several stages ends,
     so nothing one of them handed on outlives the step (a stage that failed, or a later
     stage not selected, would otherwise leave it until the next step)."""
-    from .ids_memo import MEMO
-
-    PARSED.clear()
-    MEMO.clear()
+    for m in list(_ALL):
+        m.clear()

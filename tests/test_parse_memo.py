@@ -80,3 +80,19 @@ def test_p3_then_p4_in_one_process_parse_each_file_once_and_write_the_same_bytes
         assert held == files if limit == memo.MAX_PARSED_BYTES else 0 < held < files
         for n, b in want.items():
             assert (fam / n).read_bytes() == b, (n, alone)
+
+
+def test_clear_all_empties_every_memo_of_the_process():
+    from megacpp_core import ids_memo
+
+    import numpy as np
+
+    ids_memo.MEMO.begin("sha")
+    ids_memo.MEMO.put("sha", "a", np.zeros(2, np.uint32))
+    memo.PARSED.begin("rev")
+    memo.PARSED.put("rev", "int x;\n", chunk.parse_source("int x;\n", "c"))
+    mine = memo.TextMemo(10, len)
+    mine.begin("s")
+    mine.put("s", "t", "v")
+    memo.clear_all()
+    assert len(ids_memo.MEMO) == len(memo.PARSED) == len(mine) == 0

@@ -248,3 +248,31 @@ def test_snapshot_groups_of_a_partial_plan_and_a_wrong_name():
     assert _groups([]) == []
     with pytest.raises(KeyError, match="chunked_documents"):
         _groups(["chunked_documents"])
+
+
+@pytest.mark.integration
+def test_a_shared_step_leaves_no_memo_behind(tiny_run, tmp_path):
+    """p3_repo run alone in its shared step (p4_structure not selected) keeps its parses for
+    a p4 that does not come: the step empties the memos when it ends."""
+    from megacpp_core import memo
+
+    copy = _copy_of_tiny(tiny_run, tmp_path)
+    with environ(MEGACPP_DATA_ROOT=str(copy)), DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
+        instance.add_dynamic_partitions("shard", ["000"])
+        seen: list[int] = []
+        real_put = memo.PARSED.put
+
+        def put(scope, text, value):
+            ok = real_put(scope, text, value)
+            seen.append(len(memo.PARSED))
+            return ok
+
+        memo.PARSED.put = put
+        try:
+            result = defs.resolve_job_def("revision_job").execute_in_process(
+                instance=instance, partition_key="tiny/lz4-4.4.5", asset_selection=[AssetKey("p3_repo_documents")])
+        finally:
+            del memo.PARSED.put
+        assert result.success and seen and max(seen) > 0  # p3 held parses during the step
+        assert len(memo.PARSED) == 0  # and none outlive it
