@@ -89,6 +89,21 @@ def tiny_run(tmp_path_factory):
         yield run
 
 
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_run):
+    """The session ``tiny`` snapshot's layout, its tokenizer (loaded and checked against
+    its manifest's sha256) and that sha256: ``(SnapshotLayout, Tokenizer, str)``."""
+    import json
+
+    from megacpp_core import tokenizer as tk
+    from megacpp_core.layout import SnapshotLayout
+
+    lay = SnapshotLayout(tiny_run[0], "tiny")
+    tdir = lay.stage_dir("tokenizer")
+    sha = json.loads((tdir / "tokenizer_manifest.json").read_text())["tokenizer_sha256"]
+    return lay, tk.load_tokenizer(tdir / "tokenizer.json", sha), sha
+
+
 #: The bucket of the object-store tests (a moto server on 127.0.0.1).
 S3_BUCKET = "megacpp-data"
 

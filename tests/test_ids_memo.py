@@ -7,7 +7,6 @@ files, and still checks every decode (a wrong id in the memo fails closed).
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -15,7 +14,6 @@ import pytest
 
 from megacpp_core import ids_memo, tokenize
 from megacpp_core import tokenizer as tk
-from megacpp_core.layout import SnapshotLayout
 from megacpp_core.stages import chunk as chunk_stage
 
 
@@ -37,12 +35,8 @@ def test_the_memo_holds_one_tokenizers_ids_within_its_limit():
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_run):
-    root, _ = tiny_run
-    lay = SnapshotLayout(root, "tiny")
-    tdir = lay.stage_dir("tokenizer")
-    sha = json.loads((tdir / "tokenizer_manifest.json").read_text())["tokenizer_sha256"]
-    tok = tk.load_tokenizer(tdir / "tokenizer.json", sha)
+def tiny(tiny_tokenizer):
+    lay, tok, sha = tiny_tokenizer
     chunks = sorted((lay.root / "revisions").glob("*/shards/*/chunks.parquet"))
     assert chunks
     return lay, tok, sha, chunks

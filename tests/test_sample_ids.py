@@ -8,7 +8,6 @@ tokenizers it does not cover."""
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 
 import numpy as np
@@ -19,19 +18,14 @@ from tokenizers import AddedToken, Tokenizer, normalizers
 
 from megacpp_core import sample_ids
 from megacpp_core import tokenizer as tk
-from megacpp_core.layout import SnapshotLayout
 from megacpp_checks.schemas.tokenizer import validate_sample_ids
 
 SRC, SHARD = "pybind11-3.1.0", "000"
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_run):
-    root, _ = tiny_run
-    lay = SnapshotLayout(root, "tiny")
-    tdir = lay.stage_dir("tokenizer")
-    sha = json.loads((tdir / "tokenizer_manifest.json").read_text())["tokenizer_sha256"]
-    return lay, tk.load_tokenizer(tdir / "tokenizer.json", sha), sha
+def tiny(tiny_tokenizer):
+    return tiny_tokenizer
 
 
 def test_the_tokenizer_stage_writes_every_kept_files_ids_sorted_with_its_hash(tiny):
