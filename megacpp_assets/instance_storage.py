@@ -99,6 +99,33 @@ SYNCHRONOUS_LEVELS = ("OFF", "NORMAL", "FULL", "EXTRA")
 DEFAULT_SYNCHRONOUS = "NORMAL"
 
 
+class _TrueAnswers:
+    """Schema questions of one database answered true, remembered while the database is
+    the same file: known by device, inode and status-change time (an inode number can be
+    reused, and a checkpoint changes the time, so a file put in its place or rewritten is
+    asked again). Dagster adds tables and columns (``upgrade``, its migrations) and never
+    drops one, so a true answer holds for the file; a false one is asked each time."""
+
+    def __init__(self):
+        self._file: tuple[int, int, int] | None = None
+        self._names: frozenset[str] = frozenset()
+
+    def ask(self, path: str | None, name: str, ask) -> bool:
+        """``ask()``, or True without asking when it was true before for ``path``'s file."""
+        try:
+            st = os.stat(path)
+            file = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        except (FileNotFoundError, TypeError):
+            file = None
+        if file is not None and file == self._file and name in self._names:
+            return True
+        ok = ask()
+        if ok and file is not None:
+            self._names = (self._names if file == self._file else frozenset()) | {name}
+            self._file = file
+        return ok
+
+
 class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     """:class:`SqliteEventLogStorage` with one kept engine and connection per database.
 
@@ -118,7 +145,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         #: shard -> (engine, (st_dev, st_ino) of its database file when opened)
         self._engines: OrderedDict[str, tuple[sa.Engine, tuple[int, int] | None]] = OrderedDict()
         #: (the index database file's (st_dev, st_ino, st_ctime_ns), the tables found in it)
-        self._tables_found: tuple[tuple[int, int, int] | None, frozenset[str]] = (None, frozenset())
+        self._schema_answers = _TrueAnswers()  # has_table and the asset_keys column checks
         super().__init__(base_dir, inst_data=inst_data)
         _LIVE.add(self)
 
@@ -245,20 +272,8 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                                 ._has_asset_key_col_on_connection(conn, column_name))
 
     def _remembered(self, name: str, ask) -> bool:
-        """``ask()``, or True without asking when it was true before for this same index
-        database file (see :meth:`has_table`); only a true answer is remembered."""
-        try:
-            st = os.stat(self.path_for_shard(INDEX_SHARD_NAME))
-            index = (st.st_dev, st.st_ino, st.st_ctime_ns)  # ctime too: an inode number can be reused
-        except FileNotFoundError:
-            index = None
-        opened, found = self._tables_found
-        if opened == index and name in found:
-            return True
-        ok = ask()
-        if ok and index is not None:
-            self._tables_found = (index, (found if opened == index else frozenset()) | {name})
-        return ok
+        """:meth:`_TrueAnswers.ask` for the index database (see :meth:`has_table`)."""
+        return self._schema_answers.ask(self.path_for_shard(INDEX_SHARD_NAME), name, ask)
 
     def _close_engines_locked(self) -> None:
         while self._engines:
@@ -302,18 +317,15 @@ class PooledSqliteRunStorage(SqliteRunStorage):
         super().__init__(conn_string, inst_data)
         self._db_lock = threading.RLock()
         self._kept: tuple[sa.Engine, tuple[int, int] | None] | None = None
-        self._found: tuple[tuple[int, int, int] | None, frozenset[str]] = (None, frozenset())
+        self._schema_answers = _TrueAnswers()
         _LIVE.add(self)
 
     def _file_id(self) -> tuple[int, int] | None:
-        st = self._stat()
-        return None if st is None else (st.st_dev, st.st_ino)
-
-    def _stat(self) -> os.stat_result | None:
         try:
-            return os.stat(sa.engine.make_url(self._conn_string).database)
+            st = os.stat(sa.engine.make_url(self._conn_string).database)
         except (FileNotFoundError, TypeError):
             return None
+        return st.st_dev, st.st_ino
 
     @contextmanager
     def connect(self) -> Iterator[sa.Connection]:  # noqa: D102 (the stock method, on a kept engine)
@@ -331,15 +343,7 @@ class PooledSqliteRunStorage(SqliteRunStorage):
                 yield conn
 
     def _remembered(self, name: str, ask) -> bool:
-        st = self._stat()  # ctime too, as the event log's: an inode number can be reused
-        fid = None if st is None else (st.st_dev, st.st_ino, st.st_ctime_ns)
-        opened, found = self._found
-        if fid is not None and opened == fid and name in found:
-            return True
-        ok = ask()
-        if ok and fid is not None:
-            self._found = (fid, (found if opened == fid else frozenset()) | {name})
-        return ok
+        return self._schema_answers.ask(sa.engine.make_url(self._conn_string).database, name, ask)
 
     def handle_run_event(self, run_id: str, event, update_timestamp=None) -> None:
         """As the stock method; after the event that ends a run (success, failure,
@@ -366,7 +370,7 @@ class PooledSqliteRunStorage(SqliteRunStorage):
     def _close_engines(self) -> None:
         with self._db_lock:
             self._close_engines_locked()
-            self._found = (None, frozenset())
+            self._schema_answers = _TrueAnswers()
 
     def upgrade(self) -> None:  # noqa: D102
         self._close_engines()
