@@ -50,7 +50,8 @@ platforms a document is written for outweigh those it merely mentions in a porta
 first ``max_labels`` are kept and returned sorted by id. The result depends only on the
 text and the vocabulary bytes.
 IDs fit ``uint16`` (the packed-row column is ``list<uint16>``; :func:`load_vocabulary`
-refuses more than 65,535 labels). The automaton is built once per process and vocabulary.
+refuses more than 65,535 labels). The scanner (hyperscan's database of the indicators) is built once per process and
+vocabulary.
 This module does not import Dagster.
 """
 
@@ -66,7 +67,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import ahocorasick
+from .keyscan import LiteralScanner
+
 
 #: Version of the vocabulary file in use: ``megacpp_core/data/platforms/VOCAB_VERSION.json``.
 VOCAB_VERSION = "v1"
@@ -92,6 +94,11 @@ VERSION_TEST = re.compile(
     r"([0-9]{6})[lLuU]{0,3}(?![A-Za-z0-9_])"
     r"|(?<![A-Za-z0-9_])([0-9]{6})[lLuU]{0,3}\s*(>=|<=|==|!=|>|<)\s*(?:\(\s*)?"
     r"(__cplusplus|_MSVC_LANG|__STDC_VERSION__)(?![A-Za-z0-9_])")
+#: The macros a :data:`VERSION_TEST` match holds exactly one of, and every other character
+#: such a match can hold (with whitespace): a match lies inside the run of these characters
+#: around one macro occurrence (:func:`version_windows`).
+VERSION_MACROS = ("__cplusplus", "_MSVC_LANG", "__STDC_VERSION__")
+_TEST_CHARS = frozenset("()<>=!0123456789lLuU")
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "==": "==", "!=": "!="}
 #: (standard value, label name) in order; a value past the last entry maps to the overflow label.
 CXX_STANDARDS = ((199711, "std.cxx98"), (201103, "std.cxx11"), (201402, "std.cxx14"), (201703, "std.cxx17"),
@@ -343,31 +350,63 @@ def standard_for_test(macro: str, op: str, value: int) -> str | None:
     return overflow
 
 
+def version_windows(text: str, macros: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Where :data:`VERSION_TEST` can match in ``text``, given every occurrence
+    ``(start, end)`` of a :data:`VERSION_MACROS` name in it: the maximal runs of whitespace
+    (``str.isspace``, what ``\\s`` matches), parentheses, comparison operators, ASCII
+    digits and ``lLuU`` around each occurrence, merged where they overlap; ``[(start,
+    end)]`` sorted, disjoint. Every match lies inside one window (it holds one macro and
+    only such characters), so ``VERSION_TEST.finditer(text, start, end + 1)`` over the
+    windows (the extra character for the final look-ahead) yields exactly the matches of
+    ``finditer(text)``: no match crosses a window's edge, and the look-behind sees the
+    character before ``start``."""
+    n = len(text)
+    out: list[list[int]] = []
+    for s, e in sorted(macros):
+        while s > 0 and (text[s - 1] in _TEST_CHARS or text[s - 1].isspace()):
+            s -= 1
+        while e < n and (text[e] in _TEST_CHARS or text[e].isspace()):
+            e += 1
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
 class _Scanner:
-    """The Aho-Corasick automaton of one vocabulary plus the ids of the std labels."""
+    """The indicators of one vocabulary and the :data:`VERSION_MACROS` as one multi-literal
+    scanner (:class:`megacpp_core.keyscan.LiteralScanner`: a hyperscan database, or a
+    pyahocorasick automaton without hyperscan; the same matches either way) plus the ids
+    of the std labels."""
 
     def __init__(self, vocab: PlatformVocabulary):
         self.vocab = vocab
-        self.automaton = ahocorasick.Automaton()
-        for ind in vocab.indicators:
-            t = ind.text
-            self.automaton.add_word(t, (len(t), ind.label_ids, t[0] in _IDENT, not ind.prefix and t[-1] in _IDENT, t))
-        self.automaton.make_automaton()
+        self.rules = [(len(ind.text), ind.label_ids, ind.text[0] in _IDENT, not ind.prefix and ind.text[-1] in _IDENT,
+                       ind.text) for ind in vocab.indicators]
+        self.literals = LiteralScanner([ind.text for ind in vocab.indicators] + list(VERSION_MACROS))
         wanted = [n for _, n in CXX_STANDARDS + C_STANDARDS] + [CXX_OVERFLOW, C_OVERFLOW]
         self.std_ids = {name: i for i, name, _ in vocab.labels if name in wanted}
 
     def matches(self, text: str):
-        """Yield ``(start, label_ids, what)`` for every valid match, indicators then regex."""
+        """Yield ``(start, label_ids, what)`` for every valid match, indicators (by start)
+        then standard tests (:data:`VERSION_TEST`, searched only in :func:`version_windows`)."""
         n = len(text)
-        for end, (length, ids, left, right, word) in self.automaton.iter(text):
-            start = end - length + 1
+        rules, n_rules = self.rules, len(self.rules)
+        macros = []
+        for start, k in self.literals.hits(text):
+            if k >= n_rules:
+                macros.append((start, start + len(VERSION_MACROS[k - n_rules])))
+                continue
+            length, ids, left, right, word = rules[k]
+            end = start + length - 1
             if left and start > 0 and text[start - 1] in _IDENT:
                 continue
             if right and end + 1 < n and text[end + 1] in _IDENT:
                 continue
             yield start, ids, word
-        if "__cplusplus" in text or "_MSVC_LANG" in text or "__STDC_VERSION__" in text:
-            for m in VERSION_TEST.finditer(text):
+        for lo, hi in version_windows(text, macros):
+            for m in VERSION_TEST.finditer(text, lo, min(n, hi + 1)):
                 if m.group(1):
                     macro, op, value = m.group(1), m.group(2), int(m.group(3))
                 else:

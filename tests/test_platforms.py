@@ -408,3 +408,78 @@ def test_xxhash_labels():
     assert "arch.neon" not in dispatch
     assert names(text["deps/xxhash/xxh_x86dispatch.h"]) == ["os.windows", "compiler.msvc"]
     assert P.scan_platforms(text["src/_xxhash.c"]) == []  # the Python binding: portable
+
+
+# --------------------------------------------------------------------------------------------
+# the scanner against a reference: one automaton, one regex pass over the whole text
+
+
+def _reference_matches(text: str) -> list[tuple[int, tuple[int, ...], str]]:
+    """The matches as the scanner made them before it used hyperscan and windows: a
+    pyahocorasick automaton of every indicator, then ``VERSION_TEST.finditer`` over the
+    whole text."""
+    import ahocorasick
+
+    auto = ahocorasick.Automaton()
+    for ind in V.indicators:
+        auto.add_word(ind.text, ind)
+    auto.make_automaton()
+    ident = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+    std_ids = {name: i for i, name, _ in V.labels if name.startswith("std.")}
+    out = []
+    for end, ind in auto.iter(text):
+        start = end - len(ind.text) + 1
+        if ind.text[0] in ident and start > 0 and text[start - 1] in ident:
+            continue
+        if not ind.prefix and ind.text[-1] in ident and end + 1 < len(text) and text[end + 1] in ident:
+            continue
+        out.append((start, ind.label_ids, ind.text))
+    for m in P.VERSION_TEST.finditer(text):
+        if m.group(1):
+            macro, op, value = m.group(1), m.group(2), int(m.group(3))
+        else:
+            macro, op, value = m.group(6), P._FLIP[m.group(5)], int(m.group(4))
+        name = P.standard_for_test(macro, op, value)
+        if name in std_ids:
+            out.append((m.start(), (std_ids[name],), f"{macro} {op} {value}"))
+    return out
+
+
+#: Pieces of hostile texts: the version macros, glued and split, every character a standard
+#: test may hold (Unicode whitespace included), identifiers, indicators, non-ASCII text.
+_PIECES = ("__cplusplus", "_MSVC_LANG", "__STDC_VERSION__", "__cplusplus__", "x__cplusplus", ">=", ">", "<", "<=",
+           "==", "!=", "=", "(", ")", " ", "\t", "\n", "\x1c", "\x85", "\u3000", "\u00a0", "201703", "201402L",
+           "199901UL", "2017031", "20170", "l", "u", "UL", "LLU", "x", "_", "é", "日本", "😀", "\udcff", "__linux__",
+           "_WIN32", "__m128i", "_mm256_add_epi32", "std::move", "#if ", "defined", "&&", "||")
+
+
+def test_scanner_equals_the_reference_on_hostile_texts():
+    import random
+
+    rng = random.Random(1927)
+    for _ in range(3000):
+        text = "".join(rng.choice(_PIECES) for _ in range(rng.randrange(1, 40)))
+        assert sorted(P._scanner(None).matches(text)) == sorted(_reference_matches(text)), text
+        assert P.explain(text) == _reference_explain(text), text  # the order among equal starts too
+
+
+def _reference_explain(text: str) -> dict[str, list[str]]:
+    """:func:`megacpp_core.platforms.explain` over :func:`_reference_matches`."""
+    hits: dict[int, tuple[int, list[str]]] = {}
+    for start, ids, what in sorted(_reference_matches(text), key=lambda m: m[0]):
+        for i in ids:
+            _, words = hits.setdefault(i, (start, []))
+            if what not in words:
+                words.append(what)
+    return {V.name_of(i): words for i, (_, words) in sorted(hits.items(), key=lambda kv: (kv[1][0], kv[0]))}
+
+
+@pytest.mark.integration
+def test_scanner_equals_the_reference_on_real_files():
+    files = _source_files("tiny", "xxhash-4.1.0") | _source_files("tiny", "pybind11-3.1.0")
+    texts = [d.decode("utf-8", "surrogateescape") for p, d in sorted(files.items()) if acquire.language_of(p)]
+    assert len(texts) > 100 and any(not t.isascii() for t in texts)
+    assert sum("__cplusplus" in t for t in texts) >= 5  # standard tests searched in windows
+    for t in texts:
+        assert sorted(P._scanner(None).matches(t)) == sorted(_reference_matches(t))
+        assert P.explain(t) == _reference_explain(t)

@@ -214,3 +214,22 @@ def test_literal_scanner_reports_overlapping_and_caseless_hits(monkeypatch):
     assert keyscan.LiteralScanner(lits).hits("İ" + text) == [(s + 1, i) for s, i in ((0, 0), (0, 1), (12, 3), (15, 3))]
     with pytest.raises(ValueError):
         keyscan.LiteralScanner(lits, caseless=True).hits("İ" + text)
+
+
+@pytest.mark.parametrize("text", [
+    "é日本😀 sk-ant-x", "\udcff\ud800sk-" * 3 + "AKIA", "\x00ſİ" * 50 + "awsaws", "😀" * 1000 + "sk-ant-sk-",
+    "\u0085\u3000sk-\u00a0AKIAKIA\U0010ffff",
+])
+def test_literal_scanner_offsets_are_characters_on_text_that_is_not_ascii(monkeypatch, text):
+    """hyperscan scans the UTF-8 bytes of a text that is not ASCII; its hits are mapped to
+    character offsets, the same as the automaton's (and as ``str.find``)."""
+    lits = ("sk-", "sk-ant-", "aws", "AKIA")
+    fast = keyscan.LiteralScanner(lits)
+    got, present = fast.hits(text), fast.present(text)
+    assert got and all(text.startswith(lits[i], s) for s, i in got)
+    expected = sorted((s, i) for i, lit in enumerate(lits)
+                      for s in range(len(text)) if text.startswith(lit, s))
+    assert got == expected and present == {i for _, i in expected}
+    monkeypatch.setattr(keyscan, "hyperscan", None)
+    assert keyscan.LiteralScanner(lits).hits(text) == got
+    assert keyscan.LiteralScanner(lits).present(text) == present
