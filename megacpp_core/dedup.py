@@ -54,17 +54,19 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from datasketch import MinHash, MinHashLSH
 
 from . import dedup_passes as passes
 from . import minhash as mh
 from .dedup_tables import CROSS, EXACT, KEPT, NEAR, DedupTables, build_tables, take_rows
 from .tables import lookup_codes
+
+if TYPE_CHECKING:
+    from datasketch import MinHash
 
 #: Keep-policy rank of each license class, lower kept first (SPEC §4 keep policy:
 #: "license class, then source order, then path"; classes from the stage-2 license gate).
@@ -190,8 +192,12 @@ def minhash_signature(text: str, num_perm: int = 128, k: int = 5, seed: int = 1)
     streamed into ``update_batch`` in batches of :data:`SHINGLE_BATCH`. A text without
     tokens gives an empty signature (``m.is_empty()``).
 
-    Raises ``ValueError`` for ``k < 1`` or an invalid ``num_perm``.
+    Raises ``ValueError`` for ``k < 1`` or an invalid ``num_perm``. datasketch is imported
+    here, not with the module (it imports scipy: about 0.35 s that ``megacpp run``'s own
+    process, which only builds the asset graph, does not need).
     """
+    from datasketch import MinHash
+
     m = MinHash(num_perm=num_perm, seed=seed, scheme=MINHASH_SCHEME, hashfunc=mh.shingle_hash32)
     stream = shingles(text, k)
     while batch := list(islice(stream, SHINGLE_BATCH)):
@@ -209,6 +215,8 @@ def near_lsh_params(threshold: float = 0.7, num_perm: int = 128) -> tuple[int, i
     """``(b, r)`` that datasketch ``MinHashLSH`` picks for ``threshold`` and ``num_perm``
     under :data:`LSH_WEIGHTS` (b=20, r=6 at the SPEC defaults). Raises ``ValueError``
     for a threshold outside [0, 1]."""
+    from datasketch import MinHashLSH
+
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)
     return lsh.b, lsh.r
 

@@ -77,9 +77,28 @@ def token_flags(table: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     tokenizer's ids (``table``: bytes per id, :func:`megacpp_core.tokenize.byte_table`):
     the token's bytes end with ``\\n``; its first byte is a UTF-8 continuation byte
     (cutting before it would split a character)."""
-    ends = np.fromiter((bool(b) and b[-1:] == b"\n" for b in table), dtype=bool, count=len(table))
-    inside = np.fromiter((bool(b) and (b[0] & 0xC0) == 0x80 for b in table), dtype=bool, count=len(table))
+    lengths = np.fromiter(map(len, table), dtype=np.int64, count=len(table))
+    flat = np.frombuffer(b"".join(table), dtype=np.uint8)
+    ends, inside = np.zeros(len(table), dtype=bool), np.zeros(len(table), dtype=bool)
+    has = lengths > 0
+    if has.any():  # each id's first and last byte, gathered from the joined table at once
+        stop = np.cumsum(lengths)[has]
+        ends[has] = flat[stop - 1] == 0x0A
+        inside[has] = (flat[stop - lengths[has]] & 0xC0) == 0x80
     return ends, inside
+
+
+_FLAGS: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def tokenizer_flags(tok, sha256: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`token_flags` of ``tok``'s byte table (:func:`megacpp_core.tokenize.byte_table`),
+    cached per process by the tokenizer's sha256 (every shard of a snapshot asks again)."""
+    from .tokenize import byte_table
+
+    if sha256 not in _FLAGS:
+        _FLAGS[sha256] = token_flags(byte_table(tok, sha256)[0])
+    return _FLAGS[sha256]
 
 
 def cut_positions(ids: np.ndarray, unit_starts: Sequence[int], ends_line: np.ndarray, starts_inside: np.ndarray,

@@ -228,3 +228,30 @@ def test_p2_whole_files_decode_to_the_kept_files(tiny_run):
         texts.setdefault(fk, []).append((ci, text))
     assert {k: "".join(t for _, t in sorted(v)) for k, v in texts.items()} == files
     assert any(k.endswith("#file") for k in docs.column("doc_key").to_pylist())
+
+
+def _flags_one_by_one(table):
+    ends = np.array([bool(b) and b[-1:] == b"\n" for b in table], dtype=bool)
+    inside = np.array([bool(b) and (b[0] & 0xC0) == 0x80 for b in table], dtype=bool)
+    return ends, inside
+
+
+@pytest.mark.parametrize("table", [
+    [], [b""], [b"", b"", b""], [b"\n", b"", b"\x80a", b"a\n", b"\xc3", b"", b"\xbf\n", b"\n\n"], [b"\x80"],
+])
+def test_token_flags_on_hostile_byte_tables(table):
+    got = fd.token_flags(table)
+    want = _flags_one_by_one(table)
+    assert all(g.dtype == bool and g.shape == (len(table),) and (g == w).all() for g, w in zip(got, want))
+
+
+def test_token_flags_of_the_snapshot_tokenizer(tiny_tokenizer):
+    from megacpp_core import tokenize
+
+    _, tok, sha = tiny_tokenizer
+    table = tokenize.byte_table(tok, sha)[0]
+    ends, inside = fd.tokenizer_flags(tok, sha)
+    want_ends, want_inside = _flags_one_by_one(table)
+    assert (ends == want_ends).all() and (inside == want_inside).all()
+    assert ends.sum() > 10 and inside.sum() > 10  # byte-level BPE: newline-ended and continuation-byte tokens
+    assert fd.tokenizer_flags(tok, sha)[0] is ends  # once per process and tokenizer

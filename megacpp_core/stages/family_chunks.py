@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pyarrow.compute as pc
 
-from .. import catalog, families, family_documents, pack, snapshot_tokenizer, tokenize
+from .. import catalog, families, family_documents, pack, snapshot_tokenizer
 from .. import tokenizer as tk
 from ..stage import Partitioning, Result, Stage
 
@@ -27,7 +27,7 @@ def compute(ctx) -> Result:
     pack.check_tokenizer({"tokenizer_sha256": ref.metadata().get("tokenizer_sha256")}, info["sha256"], None, ref.uri)
     names = ref.schema().names
     docs = ref.read(columns=[c for c in family_documents.READ_COLUMNS if c in names])
-    ends_line, inside = family_documents.token_flags(tokenize.byte_table(tok, info["sha256"])[0])
+    ends_line, inside = family_documents.tokenizer_flags(tok, info["sha256"])
     p1, p1_figs = family_documents.phase1_documents(docs, P1.row_length, lambda ids: tk.decode(tok, ids), ends_line, inside,
                                                     tk.BOS_ID)
     split = families.split_phase1(p1)
