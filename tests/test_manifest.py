@@ -121,3 +121,23 @@ def test_unknown_keys_are_errors_with_the_nearest_known_key(tmp_path):
         with pytest.raises(ManifestError) as e:
             load_manifest(p)
         assert msg in str(e.value) and str(p) in str(e.value)
+
+
+def test_a_parsed_document_is_reused_but_never_shared(tmp_path):
+    """The YAML of a manifest text is parsed once per process (every step parses its
+    snapshot's manifest); each call validates its own copy, which leaves the cached
+    document as parsed, and a bad text raises every time."""
+    import yaml
+
+    from megacpp_core import manifest as mf
+
+    path = tmp_path / "m.yaml"
+    text = ("name: snap\nsettings: {row_length: 4096}\n"
+            "sources:\n  - {name: a, kind: local, path: src, label: a-1}\n")
+    first, second = mf.parse_manifest(text, path), mf.parse_manifest(text, path)
+    assert first == second and first.settings.row_length == 4096
+    assert mf._load_yaml(text) == yaml.safe_load(text)  # untouched by the two validations
+    assert mf._load_yaml(text) is mf._load_yaml(text)
+    for _ in range(2):
+        with pytest.raises(mf.ManifestError, match="not valid YAML"):
+            mf.parse_manifest("name: [unclosed\n", path)
