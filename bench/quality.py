@@ -12,12 +12,17 @@ Timed in this one process on the same files, wall seconds, best of ``--repeat``:
     :func:`megacpp_core.quality.filter_files` with the character counts done as their
     definitions read, one Python generator step per character
     (``sum(1 for ch in text if not ch.isspace())``, ``… if ch.isalpha()``), and every
-    encoded-data pattern run on every text: what the stage did before.
+    encoded-data pattern run over the whole of every text: what the stage did before.
 ``ours``
     :func:`megacpp_core.quality.filter_files` as it is (``bytes.translate`` counts on
-    ASCII text, the ``\\u`` prefilter).
+    ASCII text, the ``\\u`` prefilter; on ASCII text the base64 runs found with numpy and
+    the hex-bytes pattern run only where a match can lie).
 ``counts``
     The two character counts alone over every decodable text, reference and ours.
+``encoded_runs``
+    The encoded-data runs alone over every decodable text: the three regexes over the
+    whole text behind their prefilter (``_regex_runs``, what the stage did before) against
+    ours (``_runs``); ``same_runs``: the same run lengths for every text.
 
 Both runs must keep and reject the same files with the same measured values
 (``same_decisions``); ``ours_over_reference`` = reference seconds / ours seconds.
@@ -52,13 +57,14 @@ class _Reference:
     """The per-character counts and unfiltered pattern scans in place of ours, for a ``with`` block."""
 
     def __enter__(self):
-        self.saved = (quality.count_nonspace, quality.count_alpha, quality._ENCODED_NEEDS)
+        self.saved = (quality.count_nonspace, quality.count_alpha, quality._ENCODED_NEEDS, quality._runs)
         quality.count_nonspace, quality.count_alpha = _reference_nonspace, _reference_alpha
         quality._ENCODED_NEEDS = (None,) * len(quality.ENCODED_PATTERNS)
+        quality._runs = quality._regex_runs
         return self
 
     def __exit__(self, *exc):
-        quality.count_nonspace, quality.count_alpha, quality._ENCODED_NEEDS = self.saved
+        quality.count_nonspace, quality.count_alpha, quality._ENCODED_NEEDS, quality._runs = self.saved
 
 
 def main() -> None:
@@ -89,6 +95,9 @@ def main() -> None:
                 pass
     count_ref = best_of(lambda: [(_reference_nonspace(x), _reference_alpha(x)) for x in texts], a.repeat)
     count_ours = best_of(lambda: [(quality.count_nonspace(x), quality.count_alpha(x)) for x in texts], a.repeat)
+    enc_same = all(sorted(quality._runs(x)) == sorted(quality._regex_runs(x)) for x in texts)
+    enc_regex = best_of(lambda: [quality._regex_runs(x) for x in texts], a.repeat)
+    enc_ours = best_of(lambda: [quality._runs(x) for x in texts], a.repeat)
     size = sum(pa.compute.sum(t.column("size")).as_py() or 0 for t in tables)
     print(json.dumps({
         "files": sum(t.num_rows for t in tables), "megabytes": round(size / 1e6, 3), "shards": len(files),
@@ -97,6 +106,9 @@ def main() -> None:
         "ours_over_reference": round(ref_s / ours_s, 3), "same_decisions": same,
         "counts": {"texts": len(texts), "reference_seconds": round(count_ref, 3), "ours_seconds": round(count_ours, 3),
                    "ours_over_reference": round(count_ref / count_ours, 2) if count_ours else None},
+        "encoded_runs": {"texts": len(texts), "regexes_seconds": round(enc_regex, 3), "ours_seconds": round(enc_ours, 3),
+                         "ours_over_regexes": round(enc_regex / enc_ours, 2) if enc_ours else None,
+                         "same_runs": enc_same},
     }))
 
 

@@ -176,3 +176,67 @@ def test_the_unicode_escape_prefilter_keeps_every_run():
     run = "\\u00e9" * 9
     assert encoded_runs(f"s = \"{run}\";") == (54, 54 / len(f"s = \"{run}\";"))
     assert encoded_runs("s = \"u00e9u00e9u00e9u00e9u00e9u00e9u00e9u00e9\";")[0] == 0
+
+
+# ---------------------------------------------------------------- encoded runs: fast path = the regexes
+
+#: Pieces of hostile texts for the encoded-data patterns: hex bytes with and without
+#: prefixes, commas and every kind of ASCII whitespace (``\x1c``-``\x1f`` are ``\s`` too),
+#: base64 runs, word characters that break or glue a ``\b``, ``\u`` escapes.
+_ENC_PIECES = ("0x1f", "0X1F", "\\x41", "\\x4", "ab", "AB", "fF", "00", "7", ",", ", ", " ", "\t", "\n", "\r\n",
+               "\x0b", "\x0c", "\x1c", "\x1f", "g", "_", "x", "\\", "Zz", "QUJD" * 5, "+/", "=", "==\n",
+               "\\u00e9", "\\u00E9\\u00e9", "{", "};", "0x", "deadbeef", "A" * 70, "a1" * 9, "\\xff,")
+
+
+def _reference(text: str) -> list[int]:
+    from megacpp_core import quality
+
+    return sorted(quality._regex_runs(text))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_encoded_runs_equal_the_whole_text_regexes_on_hostile_ascii(seed):
+    from megacpp_core import quality
+
+    rng = random.Random(seed)
+    for _ in range(500):
+        text = "".join(rng.choice(_ENC_PIECES) for _ in range(rng.randrange(1, 120)))
+        assert sorted(quality._runs(text)) == _reference(text), repr(text)
+        assert encoded_runs(text) == ((max(_reference(text), default=0), min(1.0, sum(_reference(text)) / len(text)))
+                                      if text else (0, 0.0))
+
+
+@pytest.mark.parametrize("text", [
+    "0x1f, " * 8,  # a match to the very end of the text
+    "g" + "0x1f," * 8 + "g",  # glued to word characters at both ends of its window
+    "_" + "ab " * 8,  # \b fails against a word character before the window
+    "ab " * 7 + "abg",  # ... and after it: seven units, no match (the character past the window counts)
+    "0x1f " * 7 + "0x1f_",
+    "ab " * 8 + "\u00e9",  # not ASCII: the regexes over the whole text
+    "A" * 63 + "\n" + "B" * 64,  # one run: the newline is in the base64 class
+    "A" * 63 + " " + "B" * 63,  # two runs, each too short
+    "\x1c".join(["ff"] * 8),  # \x1c is \s for re and str.isspace
+])
+def test_encoded_runs_at_the_edges_of_their_windows(text):
+    from megacpp_core import quality
+
+    assert sorted(quality._runs(text)) == _reference(text)
+
+
+@pytest.mark.integration
+def test_encoded_runs_equal_the_whole_text_regexes_on_real_files():
+    from megacpp_core import acquire, quality
+    from megacpp_core.manifest import load_manifest
+
+    from .conftest import SHARED_CACHE
+
+    texts = []
+    for src in load_manifest("tiny").sources:
+        for path, data in acquire.acquire_source(src, SHARED_CACHE).files:
+            try:
+                texts.append(data.decode("utf-8"))
+            except UnicodeDecodeError:
+                continue
+    assert len(texts) > 300 and any(quality._runs(t) for t in texts)
+    for t in texts:
+        assert sorted(quality._runs(t)) == _reference(t)
