@@ -82,28 +82,20 @@ from itertools import accumulate
 import ahocorasick
 import numpy as np
 
-try:  # one pass of a multi-pattern engine over ASCII texts; pyahocorasick otherwise
+try:  # one pass of a multi-pattern engine; pyahocorasick otherwise
     import hyperscan
 except ImportError:  # pragma: no cover - a dependency; without it the same results, slower
     hyperscan = None
 
 
 class LiteralScanner:
-    """Every occurrence of a set of ASCII literals in a text, in one pass: a hyperscan
-    database (about 4× pyahocorasick's ``iter`` on the 10.7 MB of ``default``'s kept files,
-    measured), a pyahocorasick automaton when hyperscan is not installed. ``caseless``
-    folds ASCII case (hyperscan's flag; ``text.lower()`` in the automaton) and then scans
-    ASCII texts only. Offsets are ``str`` indices (code points) whatever the text: a text
-    that is not ASCII is scanned as its UTF-8 bytes (lone surrogates passed through), where
-    an ASCII literal can only start on a character's first byte, and each match's byte
-    offset is mapped to its character. :meth:`hits`: sorted ``(start, literal index)``,
-    overlapping occurrences included; :meth:`present`: the indices found. Raises
-    ``UnicodeEncodeError`` for a literal that is not ASCII (hyperscan's patterns are
-    bytes), ``ValueError`` for a caseless scan of a text that is not ASCII."""
+    """Every occurrence of ASCII literals in a text in one pass: hyperscan (4× pyahocorasick
+    on ``default``), else an automaton; ``caseless``: ASCII texts only (``ValueError``). A
+    non-ASCII text is scanned as UTF-8 and offsets mapped to ``str`` indices. :meth:`hits`:
+    sorted ``(start, literal index)``, overlaps included; :meth:`present`: indices found."""
 
     def __init__(self, literals, caseless: bool = False):
         self.literals, self.caseless, self._dbs, self._auto = tuple(literals), caseless, {}, None
-        self._lens = [len(lit) for lit in self.literals]
 
     def _db(self, text: str, single: bool):
         if hyperscan is None or (self.caseless and not text.isascii()):
@@ -119,26 +111,21 @@ class LiteralScanner:
         out: list[tuple[int, int]] = []
         db = self._db(text, False) if text else None
         if db is not None:
-            lens = self._lens
-            ascii_text = text.isascii()
-            data = text.encode("ascii") if ascii_text else text.encode("utf-8", "surrogatepass")
+            lens, data = [len(lit) for lit in self.literals], text.encode("utf-8", "surrogatepass")
             db.scan(data, match_event_handler=lambda i, _f, to, _fl, _c: out.append((to - lens[i], i)))
-            if out and not ascii_text:  # byte offset -> index of the character starting there
+            if out and len(data) != len(text):  # byte offset -> index of the character starting there
                 lead = np.cumsum((np.frombuffer(data, np.uint8) & 0xC0) != 0x80, dtype=np.int64)
-                chars = (lead[[b for b, _ in out]] - 1).tolist()
-                out = [(c, i) for c, (_, i) in zip(chars, out)]
+                out = [(c, i) for c, (_, i) in zip((lead[[b for b, _ in out]] - 1).tolist(), out)]
         elif text:
             out = list(self._automaton_hits(text))
         return sorted(out)
 
     def present(self, text: str) -> set[int]:
         found: set[int] = set()
-        db = self._db(text, True) if text else None
-        if db is not None:
-            data = text.encode("ascii") if text.isascii() else text.encode("utf-8", "surrogatepass")
-            db.scan(data, match_event_handler=lambda i, _f, _t, _fl, _c: found.add(i))
-            return found
-        return {i for _, i in self._automaton_hits(text)} if text else found
+        if (db := self._db(text, True) if text else None) is None:
+            return {i for _, i in self._automaton_hits(text)} if text else found
+        db.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=lambda i, _f, _t, _fl, _c: found.add(i))
+        return found
 
     def _automaton_hits(self, text: str):
         if self.caseless:

@@ -249,6 +249,7 @@ class TokenizerBuild:
     fixed: int = 0
     seeds: dict[str, int] = field(default_factory=dict)
     hybrid: bool = True
+    json: str = ""  #: the serialization ``tokenizer`` was parsed from ("" unknown)
 
 
 def _check_vocab_size(vocab_size: int) -> None:
@@ -290,21 +291,18 @@ def new_tokenizer(hybrid: bool = True) -> Tokenizer:
     return tok
 
 
-def _mark_fixed(tok: Tokenizer, bands: list[Band]) -> Tokenizer:
-    """Turn the fixed tokens (trained as reserved vocab entries) into non-special added
-    tokens; returns a new tokenizer (its model, and so its merges, unchanged).
+def _mark_fixed(tok: Tokenizer, bands: list[Band]) -> None:
+    """Record the fixed tokens (trained as reserved vocab entries) as non-special added
+    tokens in ``tok``'s serialization (its model, and so its merges, unchanged).
 
     ``add_tokens`` with an ``AddedToken`` whose content is already in the vocabulary keeps
     its id and records the new flags (``special=False``, the band's ``single_word``, no
     strip, not normalized) in the serialized tokenizer, exactly as editing its JSON does;
-    but ``tokenizers`` keeps the token in its in-memory set of specials, so the result is
-    parsed again from that serialization once (``tests/test_tokenizer.py`` compares JSON,
-    encodings and decodings with the JSON edit). This skips a ``json.loads`` and a
-    ``json.dumps`` of the whole tokenizer (about 0.3 s at 131,072 ids)."""
+    but ``tokenizers`` keeps the token in its in-memory set of specials: :func:`train_tokenizer`
+    parses its final serialization once (``tests/test_tokenizer.py`` compares with the JSON edit)."""
     flags = {t: b.single_word for b in bands for t in b.tokens}
     tok.add_tokens([AddedToken(t, special=False, single_word=w, lstrip=False, rstrip=False, normalized=False)
                     for t, w in flags.items()])
-    return Tokenizer.from_str(tok.to_str())
 
 
 def train_tokenizer(
@@ -370,7 +368,7 @@ def train_tokenizer(
         if counting is not None:
             counting.shutdown(wait=True, cancel_futures=True)
     if fixed:
-        tok = _mark_fixed(tok, bands)
+        _mark_fixed(tok, bands)  # in the serialization; parsed again below
     merges = len(json.loads(tok.model.__getstate__())["merges"])  # the model's own JSON, not the whole tokenizer's
     for i, token in enumerate(SPECIAL_TOKENS + fixed):
         if tok.token_to_id(token) != i:
@@ -386,10 +384,12 @@ def train_tokenizer(
         )
     if tok.get_vocab_size(with_added_tokens=True) != vocab_size:
         raise RuntimeError(f"vocab size {tok.get_vocab_size(with_added_tokens=True)} != {vocab_size}")
+    text = tok.to_str()  # the file's bytes (save_tokenizer); parsed once, so what is returned is what it holds
+    tok = Tokenizer.from_str(text)
     tok.encode_special_tokens = True
     return TokenizerBuild(tok, vocab_size, learned, reserved, band_layout(vocab_size, learned, bands),
                           min_frequency, seen[0], seen[1], merges,
-                          len(fixed), seeds, hybrid)
+                          len(fixed), seeds, hybrid, text)
 
 
 def tokenizer_sha256(path: str | os.PathLike) -> str:

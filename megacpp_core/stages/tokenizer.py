@@ -54,7 +54,10 @@ def compute(ctx) -> Result:
             info = tk.save_tokenizer(build, d, extra={"snapshot": ctx.snapshot})
             tok_bytes = (d / tk.TOKENIZER_FILE).read_bytes()
         fixed_count, learned, reserved, bands = build.fixed, build.learned, build.reserved, build.bands
-    tok = tk.tokenizer_from_json(tok_bytes, info["tokenizer_sha256"])
+    if pin is None and build.json.encode("utf-8") == tok_bytes:
+        tok = build.tokenizer  # parsed from exactly these bytes (train_tokenizer): no second parse
+    else:
+        tok = tk.tokenizer_from_json(tok_bytes, info["tokenizer_sha256"])
     keys: list[str] = []
     ids: list[np.ndarray] = []
 
