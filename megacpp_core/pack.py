@@ -348,7 +348,10 @@ def _matrix(table: pa.Table, column: str, L: int, where: str) -> np.ndarray:
     bad = np.nonzero(lengths != L)[0]
     if len(bad):
         raise RowContractError(f"{where}: row {int(bad[0])}: {column} has length {int(lengths[bad[0]])}, expected {L}")
-    return col.flatten().to_numpy(zero_copy_only=False).reshape(-1, L)
+    if (flat := col.flatten()).null_count:  # rows of L values each: value k is in row k // L
+        k = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
+        raise RowContractError(f"{where}: row {k // L}: {column} holds a null")
+    return flat.to_numpy(zero_copy_only=False).reshape(-1, L)
 
 
 def _list_parts(table: pa.Table, column: str) -> tuple[np.ndarray, pa.Array]:

@@ -132,7 +132,7 @@ def _header_safe(tok) -> bool:
         c = t.content
         if t.lstrip or t.rstrip or (t.single_word and c.endswith("\n")):
             return False
-        if any(_printable(c[i + 1]) for i in range(len(c) - 1) if c[i] == "\n"):
+        if "\n" in c[:-1] and any(_printable(c[i + 1]) for i in range(len(c) - 1) if c[i] == "\n"):
             return False
     return True
 

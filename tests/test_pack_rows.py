@@ -136,6 +136,10 @@ def _shift_chunk(cs):
     ("chunk_boundaries", _shift_chunk, "span_errors"),
     ("call_edges", lambda es: es + [{"from": 0, "to": 99}], "span_errors"),
     ("platform_ids", lambda x: x[:-1], "len(platform_ids) == num_docs"),
+    ("input_ids", lambda x: [x[0], 2**32 - 1] + x[2:], "max_id"),  # uint32's largest id, kept as it is
+    ("input_ids", lambda x: [x[0], None] + x[2:], "null_values"),  # a null id inside a row
+    ("structure_ids", lambda x: [None] + x[1:], "null_values"),
+    ("loss_mask", lambda x: [255] + x[1:], "loss_errors"),
 ])
 def test_pandera_gate_names_the_broken_row_and_rule(column, value, needle):
     rows = _rows_with_everything()

@@ -4,7 +4,7 @@ Packed rows hold length-L lists, so the schema runs over a per-row *facts* frame
 (:func:`row_facts`, one record per packed row, computed vectorized with numpy): list
 lengths, max token id, first token, non-PAD tokens past ``valid_token_count``, BOS count,
 ``doc_ids``/``target_ids``/``loss_mask`` disagreements with the values the tokens imply,
-bad chunk spans and edges. :func:`packed_schema` declares the rule for each fact, so a
+bad chunk spans and edges, null values. :func:`packed_schema` declares the rule for each fact, so a
 failure report lists every violating ``pack_id`` with the rule it broke.
 :func:`validate_packed` backs the blocking ``row_contract`` asset check together with
 :func:`megacpp_core.pack.check_rows` (the producer's assertion).
@@ -22,18 +22,27 @@ from megacpp_core import pack
 _LIST_COLUMNS = ("input_ids", "target_ids", "loss_mask", "doc_ids")
 
 
-def _lists(table: pa_arrow.Table, column: str, L: int) -> tuple[np.ndarray, np.ndarray]:
-    """(per-row list lengths, (rows, L) matrix with rows of the wrong length zero-filled)."""
+def _lists(table: pa_arrow.Table, column: str, L: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(per-row list lengths, (rows, L) matrix with rows of the wrong length zero-filled,
+    per-row count of null values). The matrix keeps the values' own dtype (uint32 ids, uint8
+    planes: a row of a 16,384-token family is 64 KiB of ids, not 128); a null value reads
+    as 0 there and is counted."""
     col = table.column(column).combine_chunks()
     lengths = col.value_lengths().fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    mat = np.zeros((len(col), L), dtype=np.int64)
     ok = lengths == L
+    flat = col.flatten()
+    nulls = np.zeros(len(col), np.int64)
+    if flat.null_count:
+        owner = np.repeat(np.arange(len(col)), np.maximum(lengths, 0))
+        nulls = np.bincount(owner[~flat.is_valid().to_numpy(zero_copy_only=False)], minlength=len(col)).astype(np.int64)
+        flat = flat.fill_null(0)
+    values = flat.to_numpy(zero_copy_only=False)
     if ok.all():
-        mat[:] = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, L)
-    else:
-        for i in np.flatnonzero(ok):
-            mat[i] = np.asarray(col[int(i)].values)
-    return lengths, mat
+        return lengths, values.reshape(-1, L), nulls
+    mat = np.zeros((len(col), L), dtype=values.dtype)
+    for i in np.flatnonzero(ok):
+        mat[i] = np.asarray(col[int(i)].values.fill_null(0))
+    return lengths, mat, nulls
 
 
 def row_facts(table: pa_arrow.Table, row_length: int, bos_id: int, pad_id: int) -> pd.DataFrame:
@@ -42,15 +51,17 @@ def row_facts(table: pa_arrow.Table, row_length: int, bos_id: int, pad_id: int) 
     n = table.num_rows
     facts: dict[str, np.ndarray] = {"pack_id": table.column("pack_id").to_numpy().astype(np.int64)}
     mats = {}
+    null_values = np.zeros(n, np.int64)
     for c in _LIST_COLUMNS:
-        facts[f"{c}_len"], mats[c] = _lists(table, c, L)
+        facts[f"{c}_len"], mats[c], nulls = _lists(table, c, L)
+        null_values += nulls
     inp, tgt, msk, dids = (mats[c] for c in _LIST_COLUMNS)
     valid = table.column("valid_token_count").to_numpy().astype(np.int64)
     ndocs = table.column("num_docs").to_numpy().astype(np.int64)
     facts.update(valid_token_count=valid, num_docs=ndocs,
                  slack_tokens=table.column("slack_tokens").to_numpy().astype(np.int64))
-    facts["max_id"] = inp.max(axis=1) if n else np.zeros(0, np.int64)
-    facts["first_id"] = inp[:, 0] if n else np.zeros(0, np.int64)
+    facts["max_id"] = inp.max(axis=1).astype(np.int64) if n else np.zeros(0, np.int64)
+    facts["first_id"] = inp[:, 0].astype(np.int64) if n else np.zeros(0, np.int64)
     in_valid = np.arange(L)[None, :] < valid[:, None]
     facts["non_pad_tail"] = ((inp != pad_id) & ~in_valid).sum(axis=1)
     is_bos = (inp == bos_id) & in_valid
@@ -69,8 +80,9 @@ def row_facts(table: pa_arrow.Table, row_length: int, bos_id: int, pad_id: int) 
     plane_errors = np.zeros(n, np.int64)
     for p in pack.PLANES:
         if p in names:
-            lens, mat = _lists(table, p, L)
+            lens, mat, nulls = _lists(table, p, L)
             plane_errors += (lens != L) + ((mat != 0) & ~in_valid).sum(axis=1)
+            null_values += nulls
     facts["plane_errors"] = plane_errors
     span_errors = np.zeros(n, np.int64)
     nchunks = np.zeros(n, np.int64)
@@ -93,6 +105,7 @@ def row_facts(table: pa_arrow.Table, row_length: int, bos_id: int, pad_id: int) 
                 bad = (f < 0) | (t < 0) | (f >= nchunks[rows]) | (t >= nchunks[rows])
                 span_errors += np.bincount(rows[bad], minlength=n)
     facts["span_errors"] = span_errors
+    facts["null_values"] = null_values
     facts["platform_ids_len"] = (table.column("platform_ids").combine_chunks().value_lengths().fill_null(-1)
                                  .to_numpy(zero_copy_only=False).astype(np.int64)
                                  if "platform_ids" in names else ndocs.copy())
@@ -117,6 +130,7 @@ def packed_schema(row_length: int, vocab_size: int, bos_id: int) -> pa.DataFrame
             "loss_errors": pa.Column("int64", zero, title="loss only on real in-document targets"),
             "plane_errors": pa.Column("int64", zero, title="planes length L, 0 on pad"),
             "span_errors": pa.Column("int64", zero, title="spans inside valid prefix and one document"),
+            "null_values": pa.Column("int64", zero, title="no null id, mask, doc id or plane value"),
         },
         checks=[
             pa.Check(lambda df: df["num_docs"] == df["bos_count"], error="num_docs == count(BOS)"),
