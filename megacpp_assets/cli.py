@@ -149,8 +149,6 @@ def run_snapshot(corpus: str, data_root: str | None = None, instance=None, rerun
 def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages, workers: int) -> int:
     from megacpp_core.acquire import check_pins
     from megacpp_core.manifest import ManifestError, load_manifest
-    from megacpp_core.snapshots import record_manifest
-    from megacpp_core.storage import StorageError
 
     try:
         manifest = load_manifest(corpus)
@@ -160,11 +158,19 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages, wo
         return 2
     from dagster import DagsterInstance
 
+    if instance is None:  # opened here, closed here: its databases' connections end (WAL checkpointed)
+        with DagsterInstance.get() as instance:
+            return _run_on(manifest, root, home, instance, rerun, stages, workers)
+    return _run_on(manifest, root, home, instance, rerun, stages, workers)
+
+
+def _run_on(manifest, root, home: Path, instance, rerun: bool, stages, workers: int) -> int:
     from megacpp_assets.sensors import register_partitions
     from megacpp_assets.snapshot_run import SnapshotRun, run_passes
     from megacpp_core import layout
+    from megacpp_core.snapshots import record_manifest
+    from megacpp_core.storage import StorageError
 
-    instance = instance or DagsterInstance.get()
     try:
         record_manifest(root, manifest)
     except (StorageError, OSError) as e:
@@ -273,7 +279,7 @@ def entry(argv: list[str] | None = None) -> None:
         try:
             stream.flush()
         except (OSError, ValueError):
-            pass
+            code = code or 120  # as the interpreter exits when it cannot flush standard streams
     os._exit(code if isinstance(code, int) else 1)
 
 

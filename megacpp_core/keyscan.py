@@ -132,21 +132,21 @@ class LiteralScanner:
             if not text.isascii():
                 raise ValueError("a caseless LiteralScanner scans ASCII text only")
             text = text.lower()
-        if self._auto is None:
-            self._auto = ahocorasick.Automaton()
+        if self._auto is None:  # one word per distinct literal, with every index it has (as hyperscan)
+            self._auto, ids = ahocorasick.Automaton(), {}
             for i, lit in enumerate(self.literals):
-                self._auto.add_word(lit.lower() if self.caseless else lit, (len(lit), i))
+                ids.setdefault(lit.lower() if self.caseless else lit, []).append(i)
+            for word, idx in ids.items():
+                self._auto.add_word(word, (len(word), idx))
             self._auto.make_automaton()
-        for end, (n, i) in self._auto.iter(text):
-            yield end - n + 1, i
+        for end, (n, idx) in self._auto.iter(text):
+            yield from ((end - n + 1, i) for i in idx)
 
 
-#: Shortest generic key-like token (the issue's "20+ characters": AWS secret access
-#: keys are 40, most API tokens 20-64).
+#: Shortest generic key-like token ("20+ characters": AWS secret keys are 40, API tokens 20-64).
 GENERIC_MIN_LEN = 20
-#: Extra entropy slack (bits/char) the re-scan allows, so that it flags a superset of
-#: what the redaction rules flag (about one standard deviation of the entropy of a
-#: random 40-character token).
+#: Extra entropy slack (bits/char) of the re-scan, so that it flags a superset of what the
+#: redaction rules flag (about one standard deviation of a random 40-character token's entropy).
 STRICT_MARGIN = 0.1
 
 

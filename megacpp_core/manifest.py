@@ -430,6 +430,8 @@ def parse_manifest(text: str, path: Path) -> Manifest:
         doc = copy.deepcopy(_load_yaml(text))  # the checks below read it; a caller never sees the cached one
     except yaml.YAMLError as e:
         raise ManifestError(f"{path}: not valid YAML: {e}") from e
+    except RecursionError as e:
+        raise ManifestError(f"{path}: nested too deeply to be a manifest") from e
     if not isinstance(doc, dict):
         raise ManifestError(f"{path}: top level must be a mapping with name and sources")
     for key in doc:

@@ -141,3 +141,6 @@ def test_a_parsed_document_is_reused_but_never_shared(tmp_path):
     for _ in range(2):
         with pytest.raises(mf.ManifestError, match="not valid YAML"):
             mf.parse_manifest("name: [unclosed\n", path)
+    for deep in ("[" * 2000 + "]" * 2000, "name: x\nsettings: {row_length: " + "[" * 2000 + "]" * 2000 + "}\n"):
+        with pytest.raises(mf.ManifestError):
+            mf.parse_manifest(deep, path)

@@ -453,9 +453,19 @@ _PIECES = ("__cplusplus", "_MSVC_LANG", "__STDC_VERSION__", "__cplusplus__", "x_
            "_WIN32", "__m128i", "_mm256_add_epi32", "std::move", "#if ", "defined", "&&", "||")
 
 
-def test_scanner_equals_the_reference_on_hostile_texts():
+@pytest.mark.parametrize("engine", ["hyperscan", "automaton"])
+def test_scanner_equals_the_reference_on_hostile_texts(engine, monkeypatch):
+    """Either engine of the literal scanner (pyahocorasick when hyperscan is not installed;
+    ``_MSVC_LANG`` is an indicator and a version macro: one literal, two ids)."""
     import random
 
+    from megacpp_core import keyscan
+
+    if engine == "automaton":
+        monkeypatch.setattr(keyscan, "hyperscan", None)
+    monkeypatch.setattr(P, "_SCANNERS", {})
+    assert names("#ifdef _MSVC_LANG\n#endif") == ["compiler.msvc"]
+    assert names("#if _MSVC_LANG >= 201703L") == ["compiler.msvc", "std.cxx17"]
     rng = random.Random(1927)
     for _ in range(3000):
         text = "".join(rng.choice(_PIECES) for _ in range(rng.randrange(1, 40)))

@@ -233,3 +233,15 @@ def test_literal_scanner_offsets_are_characters_on_text_that_is_not_ascii(monkey
     monkeypatch.setattr(keyscan, "hyperscan", None)
     assert keyscan.LiteralScanner(lits).hits(text) == got
     assert keyscan.LiteralScanner(lits).present(text) == present
+
+
+def test_literal_scanner_reports_every_index_of_a_repeated_literal(monkeypatch):
+    lits = ("aa", "aa", "a", "AA")
+    fast = keyscan.LiteralScanner(lits)
+    expected = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 2)]
+    assert fast.hits("aaa") == expected and fast.present("aaa") == {0, 1, 2}
+    assert keyscan.LiteralScanner(lits, caseless=True).present("AAA") == {0, 1, 2, 3}
+    monkeypatch.setattr(keyscan, "hyperscan", None)
+    assert keyscan.LiteralScanner(lits).hits("aaa") == expected
+    assert keyscan.LiteralScanner(lits).present("aaa") == {0, 1, 2}
+    assert keyscan.LiteralScanner(lits, caseless=True).present("AAA") == {0, 1, 2, 3}
