@@ -221,6 +221,7 @@ def ours_child(comparison: str, root_dir: str, snapshot: str, out_file: str) -> 
     """Run our steps of ``comparison`` on the (linked) data root ``root_dir`` in this fresh
     process and write ``{"seconds", "stage_seconds", "peak_rss_mib", "figures", ...}`` as
     JSON to ``out_file``. Raises ``SystemExit`` when a step's gates fail."""
+    import datasketch  # noqa: F401  (imported by the stages when first used; imports are not timed)
     import pyarrow.parquet as pq
 
     from megacpp_core.manifest import load_manifest
