@@ -88,6 +88,7 @@ def token_flags(table: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return ends, inside
 
 
+#: :func:`tokenizer_flags` of the snapshot tokenizer this process used last, by its sha256.
 _FLAGS: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
 
@@ -97,7 +98,9 @@ def tokenizer_flags(tok, sha256: str) -> tuple[np.ndarray, np.ndarray]:
     from .tokenize import byte_table
 
     if sha256 not in _FLAGS:
-        _FLAGS[sha256] = token_flags(byte_table(tok, sha256)[0])
+        flags = token_flags(byte_table(tok, sha256)[0])
+        _FLAGS.clear()  # one snapshot tokenizer at a time
+        _FLAGS[sha256] = flags
     return _FLAGS[sha256]
 
 

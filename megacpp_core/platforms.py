@@ -50,8 +50,8 @@ platforms a document is written for outweigh those it merely mentions in a porta
 first ``max_labels`` are kept and returned sorted by id. The result depends only on the
 text and the vocabulary bytes.
 IDs fit ``uint16`` (the packed-row column is ``list<uint16>``; :func:`load_vocabulary`
-refuses more than 65,535 labels). The scanner (hyperscan's database of the indicators) is built once per process and
-vocabulary.
+refuses more than 65,535 labels). The scanner (one hyperscan database of the indicators
+and the version macros) is built once per process and vocabulary.
 This module does not import Dagster.
 """
 
