@@ -1,5 +1,5 @@
 """Per-document platform labels (megacpp_core.platforms, SPEC §4): the versioned vocabulary
-and its validation, the Aho-Corasick scanner with identifier boundaries and prefixes, the
+and its validation, the multi-literal scanner with identifier boundaries and prefixes, the
 numeric standard tests, the 20-label cap, and the labels of real corpus files (llama.cpp's
 CUDA, Metal and CPU backends in llama-cpp-python, xxhash)."""
 

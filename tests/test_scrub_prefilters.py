@@ -190,8 +190,9 @@ def test_hyperscan_is_installed():
 @pytest.mark.parametrize("seed", range(40))
 def test_hyperscan_pass_finds_what_the_automaton_finds(monkeypatch, seed):
     """The same format hits, assignment words and re-scan findings with the hyperscan
-    pass (ASCII texts) as with pyahocorasick and substring tests; non-ASCII texts take
-    the second way either way."""
+    pass as with pyahocorasick and substring tests (a text that is not ASCII: hyperscan
+    over its UTF-8 for the case-sensitive literals; the re-scan's gate takes the second
+    way either way)."""
     rng = random.Random(seed)
     text = "".join(rng.choice(LITERALS) for _ in range(300))
     if seed % 4 == 3:
