@@ -72,12 +72,16 @@ class FamilyError(ValueError):
     back to its document, a document over the family's budget)."""
 
 
-def token_flags(table: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def token_flags(table: Sequence[bytes], lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(ends_line, starts_inside_char)``: ``bool[vocab]`` flags of a byte-level
-    tokenizer's ids (``table``: bytes per id, :func:`megacpp_core.tokenize.byte_table`):
-    the token's bytes end with ``\\n``; its first byte is a UTF-8 continuation byte
-    (cutting before it would split a character)."""
-    lengths = np.fromiter(map(len, table), dtype=np.int64, count=len(table))
+    tokenizer's ids (``table``: bytes per id, and ``lengths`` their int64 byte lengths when
+    the caller has them: :func:`megacpp_core.tokenize.byte_table`): the token's bytes end
+    with ``\\n``; its first byte is a UTF-8 continuation byte (cutting before it would
+    split a character)."""
+    if lengths is None:
+        from .fim import token_byte_lengths
+
+        lengths = token_byte_lengths(table)
     flat = np.frombuffer(b"".join(table), dtype=np.uint8)
     ends, inside = np.zeros(len(table), dtype=bool), np.zeros(len(table), dtype=bool)
     has = lengths > 0
@@ -98,7 +102,7 @@ def tokenizer_flags(tok, sha256: str) -> tuple[np.ndarray, np.ndarray]:
     from .tokenize import byte_table
 
     if sha256 not in _FLAGS:
-        flags = token_flags(byte_table(tok, sha256)[0])
+        flags = token_flags(*byte_table(tok, sha256))
         _FLAGS.clear()  # one snapshot tokenizer at a time
         _FLAGS[sha256] = flags
     return _FLAGS[sha256]

@@ -103,8 +103,15 @@ def _regex_runs(text: str) -> list[int]:
     """The length of every match of every :data:`ENCODED_PATTERNS` regex over the whole
     ``text`` (behind its :data:`_ENCODED_NEEDS` prefilter): the definition
     :func:`encoded_runs` computes faster on ASCII text, and its way on any other text."""
-    return [m.end() - m.start() for pat, needs in zip(ENCODED_PATTERNS, _ENCODED_NEEDS)
-            if needs is None or needs in text for m in pat.finditer(text)]
+    return [n for k in range(len(ENCODED_PATTERNS)) for n in _pattern_runs(k, text)]
+
+
+def _pattern_runs(k: int, text: str) -> list[int]:
+    """The length of every match of ``ENCODED_PATTERNS[k]`` over the whole ``text``; none
+    without its :data:`_ENCODED_NEEDS` substring."""
+    needs = _ENCODED_NEEDS[k]
+    return [] if needs is not None and needs not in text else \
+        [m.end() - m.start() for m in ENCODED_PATTERNS[k].finditer(text)]
 
 
 def _runs(text: str) -> list[int]:
@@ -123,9 +130,7 @@ def _runs(text: str) -> list[int]:
     n, hexes = len(text), ENCODED_PATTERNS[1]
     for a, b in zip(*(x.tolist() for x in _class_runs(_HEX_SPAN_CLASS[codes], _HEX_MIN))):
         runs += [m.end() - m.start() for m in hexes.finditer(text, a, min(n, b + 1))]
-    if _ENCODED_NEEDS[2] in text:
-        runs += [m.end() - m.start() for m in ENCODED_PATTERNS[2].finditer(text)]
-    return runs
+    return runs + _pattern_runs(2, text)
 
 
 @dataclass(frozen=True)
