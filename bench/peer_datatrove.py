@@ -28,8 +28,11 @@ either side is a fresh subprocess, run one at a time; both sides run single-proc
 (datatrove's ``LocalPipelineExecutor`` with ``workers=1``, ours every step in sequence in
 one process), and the tokenizers library may use both cores on either side.
 
-Comparisons (each side timed inside its child from its first step to its last, imports
-excluded; ``process_seconds`` is the child's whole wall time, interpreter start and
+Comparisons (each side timed inside its child from its first step to its last; each child
+first imports what its steps would import on first use — ours :data:`OUR_PRELOAD`, what
+``megacpp run``'s workers have imported before their first step, datatrove's
+:data:`PEER_PRELOAD` — and reports as ``timed_imports`` the packages it still imported
+while timed; ``process_seconds`` is the child's whole wall time, interpreter start and
 imports included; ``peak_rss_mib`` is the child's ``VmHWM`` from ``/proc/self/status``, the
 largest reading over its steps since our runner resets it per step; datatrove's
 ``multiprocess`` manager, a separate process that holds no data, is not counted):
@@ -111,6 +114,35 @@ OUR_STEPS = {
 }
 #: Files of a finished snapshot the comparisons read (relative to the snapshot directory).
 REQUIRED = ("manifest.yaml", "dedup/decisions.parquet", "tokenizer/tokenizer.json", "documents/chunk_drops.parquet")
+
+
+#: Modules our compared stages import on their first use that ``megacpp run``'s fork server
+#: imports once for every worker before its first step (:data:`megacpp_assets.run_workers.PRELOAD`:
+#: the schema checks' pandera with the pandas backend its first validation registers,
+#: hypothesis included; datasketch for MinHash LSH), imported by our child before its
+#: timing starts, as a worker has them. What a worker imports itself (polars, at the dedup
+#: gate) stays timed and is listed in ``timed_imports``.
+OUR_PRELOAD = ("pandera", "pandera.backends.pandas.register", "pandera.backends.pandas.builtin_checks", "datasketch")
+#: Modules datatrove's steps import on their first use (its executor's ``multiprocess``
+#: pool and manager, numpy's random generators, the xxhash MinHash hasher), imported by
+#: its child before its timing starts.
+PEER_PRELOAD = ("runpy", "mmap", "multiprocess.pool", "multiprocess.managers", "multiprocess.shared_memory",
+                "multiprocessing.synchronize", "numpy.random", "xxhash", "datatrove.utils.hashes.xxhash")
+
+
+def preload(modules: tuple[str, ...]) -> None:
+    """Import ``modules`` (each child calls it before its timing: imports are not timed)."""
+    import importlib
+
+    for m in modules:
+        importlib.import_module(m)
+
+
+def timed_imports(before: set[str]) -> list[str]:
+    """Top-level packages of the modules imported since ``before`` (a copy of
+    ``sys.modules``' keys taken when the timing started), sorted: what a child imported
+    while it was timed (each child reports it; an empty list means no import was timed)."""
+    return sorted({m.split(".")[0] for m in set(sys.modules) - before})
 
 
 # ---------------------------------------------------------------- inputs (our venv)
@@ -221,7 +253,6 @@ def ours_child(comparison: str, root_dir: str, snapshot: str, out_file: str) -> 
     """Run our steps of ``comparison`` on the (linked) data root ``root_dir`` in this fresh
     process and write ``{"seconds", "stage_seconds", "peak_rss_mib", "figures", ...}`` as
     JSON to ``out_file``. Raises ``SystemExit`` when a step's gates fail."""
-    import datasketch  # noqa: F401  (imported by the stages when first used; imports are not timed)
     import pyarrow.parquet as pq
 
     from megacpp_core.manifest import load_manifest
@@ -233,9 +264,11 @@ def ours_child(comparison: str, root_dir: str, snapshot: str, out_file: str) -> 
     manifest = load_manifest(str(snap / "manifest.yaml"))
     root = open_root(root_dir)
     steps = our_steps(comparison, root, manifest)
+    preload(OUR_PRELOAD)
     peak = vm_hwm_mb()
     stage_seconds: dict[str, float] = {}
     figures: dict[str, dict] = {}
+    modules = set(sys.modules)
     t0 = time.perf_counter()
     for st, part in steps:
         t = time.perf_counter()
@@ -252,7 +285,8 @@ def ours_child(comparison: str, root_dir: str, snapshot: str, out_file: str) -> 
                 if isinstance(res.figures.get(k), int):
                     agg[k] = agg.get(k, 0) + res.figures[k]
     seconds = time.perf_counter() - t0
-    out = {"seconds": seconds, "stage_seconds": stage_seconds, "steps": len(steps), "peak_rss_mib": peak}
+    out = {"seconds": seconds, "stage_seconds": stage_seconds, "steps": len(steps), "peak_rss_mib": peak,
+           "timed_imports": timed_imports(modules)}
     if comparison == "dedup":
         f = figures["dedup"]
         keep = pq.read_table(snap / "dedup" / "decisions.parquet", columns=["doc_key", "keep"]).to_pydict()
@@ -291,6 +325,7 @@ def peer_child(comparison: str, input_dir: str, work_dir: str, out_file: str, to
     from scale import vm_hwm_mb  # bench/scale.py (the script's own directory)
 
     logger.remove()  # loguru to stderr: quiet, as our runner's log is
+    preload(PEER_PRELOAD)
     work = Path(work_dir)
     stage_seconds: dict[str, float] = {}
 
@@ -330,12 +365,14 @@ def peer_child(comparison: str, input_dir: str, work_dir: str, out_file: str, to
         sigs, dups, remove, kept = (str(work / d) for d in ("signatures", "buckets", "remove_ids", "kept"))
         words = CodeTokens()
         peak = vm_hwm_mb()
+        modules = set(sys.modules)
         t0 = time.perf_counter()
         run("1_signature", [ParquetReader(input_dir), MinhashDedupSignature(output_folder=sigs, config=config, language=words)])
         run("2_buckets", [MinhashDedupBuckets(input_folder=sigs, output_folder=dups, config=config)], tasks=buckets)
         run("3_cluster", [MinhashDedupCluster(input_folder=dups, output_folder=remove, config=config)])
         run("4_filter", [ParquetReader(input_dir), MinhashDedupFilter(input_folder=remove), ParquetWriter(kept)])
         seconds = time.perf_counter() - t0
+        out["timed_imports"] = timed_imports(modules)
         peak = max(peak, vm_hwm_mb())
         # figures, read back after the timing
         import numpy as np
@@ -364,11 +401,13 @@ def peer_child(comparison: str, input_dir: str, work_dir: str, out_file: str, to
 
         tokens_dir = work / "tokens"
         peak = vm_hwm_mb()
+        modules = set(sys.modules)
         t0 = time.perf_counter()
         run("tokenize", [ParquetReader(input_dir),
                          DocumentTokenizer(output_folder=str(tokens_dir), tokenizer_name_or_path=tokenizer,
                                            eos_token=PEER_EOS, seed=0)])
         seconds = time.perf_counter() - t0
+        out["timed_imports"] = timed_imports(modules)
         peak = max(peak, vm_hwm_mb())
         meta = [f.read_text().splitlines() for f in tokens_dir.glob("*.ds.metadata")]
         index = sum(f.stat().st_size // 8 for f in tokens_dir.glob("*.ds.index"))
@@ -421,7 +460,8 @@ def _side(res: dict, **extra) -> dict:
     """One side's figures for the JSON, times rounded."""
     out = {"seconds": round(res["seconds"], 3), "process_seconds": round(res["process_seconds"], 3),
            "runs_seconds": res["runs_seconds"], "peak_rss_mib": round(res["peak_rss_mib"], 1),
-           "stage_seconds": {k: round(v, 3) for k, v in res["stage_seconds"].items()}}
+           "stage_seconds": {k: round(v, 3) for k, v in res["stage_seconds"].items()},
+           "timed_imports": res.get("timed_imports", [])}
     out.update(res.get("figures", {}))
     out.update(extra)
     return out
