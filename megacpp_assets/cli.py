@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from megacpp_core.storage import DataRoot
 
-DAGSTER_YAML = """# Local instance for `megacpp run` and `dagster dev` (SQLite storage under this directory,
+_POOLED_STORAGE = """# Local instance for `megacpp run` and `dagster dev` (SQLite storage under this directory,
 # Dagster's layout; its event log keeps its connections: megacpp_assets.instance_storage).
 storage:
   custom:
@@ -32,24 +32,36 @@ storage:
     config:
       base_dir:
         env: DAGSTER_HOME
-telemetry:
+"""
+_TELEMETRY_OFF = """telemetry:
   enabled: false
 """
+#: The instance configuration ``megacpp run`` writes: Dagster's SQLite storage with the
+#: pooled event log (:mod:`megacpp_assets.instance_storage`), step logs captured in process
+#: (:mod:`megacpp_assets.compute_logs`), telemetry off.
+DAGSTER_YAML = _POOLED_STORAGE + """compute_logs:
+  module: megacpp_assets.compute_logs
+  class: TeeComputeLogManager
+  config:
+    base_dir:
+      env: DAGSTER_HOME
+""" + _TELEMETRY_OFF
 
-#: What earlier versions wrote as ``dagster.yaml``; a home that still has it exactly is
-#: given :data:`DAGSTER_YAML` (the same files on disk, read through the pooled event log).
-_EARLIER_DAGSTER_YAML = """# Local instance for `megacpp run` and `dagster dev` (SQLite storage under this directory).
-telemetry:
-  enabled: false
-"""
+#: What earlier versions wrote as ``dagster.yaml``; a home that still has one of them
+#: exactly is given :data:`DAGSTER_YAML` (the same files on disk, read through the pooled
+#: event log; step logs where Dagster's default capture puts them).
+_EARLIER_DAGSTER_YAMLS = (
+    "# Local instance for `megacpp run` and `dagster dev` (SQLite storage under this directory).\n" + _TELEMETRY_OFF,
+    _POOLED_STORAGE + _TELEMETRY_OFF,
+)
 
 
 def _setup_logging() -> None:
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(asctime)s  %(message)s", "%H:%M:%S"))
+    from megacpp_assets.run_workers import stdout_handler
+
     lg = logging.getLogger("megacpp")
     if not lg.handlers:
-        lg.addHandler(handler)
+        lg.addHandler(stdout_handler())
     lg.setLevel(logging.INFO)
     lg.propagate = False
 
@@ -81,7 +93,7 @@ def prepare_environment(data_root: str | None) -> tuple["DataRoot", Path]:
     home = Path(os.environ.get("DAGSTER_HOME") or state / "dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
     cfg = home / "dagster.yaml"
-    if not cfg.exists() or cfg.read_text() == _EARLIER_DAGSTER_YAML:  # atomic: a concurrent run never reads half of it
+    if not cfg.exists() or cfg.read_text() in _EARLIER_DAGSTER_YAMLS:  # atomic: a concurrent run never reads half of it
         tmp = home / f"dagster.yaml.tmp-{os.getpid()}"
         tmp.write_text(DAGSTER_YAML)
         os.replace(tmp, cfg)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gc
 import io
+import logging
 import multiprocessing
 import os
 import sys
@@ -57,6 +58,7 @@ WORKER_MEMORY = 3 << 30
 #: forked workers).
 PRELOAD = (
     "megacpp_assets.snapshot_run", "megacpp_assets.definitions", "megacpp_assets.instance_storage",
+    "megacpp_assets.compute_logs",
     "dagster._core.storage.base_storage", "dagster._core.storage.runs.sqlite",
     "dagster._core.storage.schedules.sqlite", "dagster._core.storage.event_log.sqlite",
     "networkx", "matplotlib.figure", "matplotlib.backends.backend_agg", "licensedcode.detection",
@@ -119,6 +121,27 @@ class _QueueWriter(io.TextIOBase):
         if self._buf:
             self._queue.put((self._stream, self._buf))
             self._buf = ""
+
+
+class _CurrentStdout(logging.StreamHandler):
+    """A ``StreamHandler`` writing to whatever ``sys.stdout`` is at each record."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ and setStream assign it
+        pass
+
+
+def stdout_handler() -> logging.Handler:
+    """The handler of ``megacpp run``'s progress lines (``HH:MM:SS  message``): it writes
+    to the current ``sys.stdout`` at each record, so a run's log capture that replaces
+    ``sys.stdout`` (a worker's: :mod:`megacpp_assets.compute_logs`) gets the lines."""
+    handler = _CurrentStdout()
+    handler.setFormatter(logging.Formatter("%(asctime)s  %(message)s", "%H:%M:%S"))
+    return handler
 
 
 _WORKER = None

@@ -59,13 +59,12 @@ class SnapshotRun:
         """The worker's copy: the manifest, data root and instance are opened again."""
         import logging
 
+        from megacpp_assets.run_workers import stdout_handler
         from megacpp_core.manifest import load_manifest
         from megacpp_core.storage import open_root
 
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(asctime)s  %(message)s", "%H:%M:%S"))
         lg = logging.getLogger("megacpp")
-        lg.handlers[:] = [handler]
+        lg.handlers[:] = [stdout_handler()]
         lg.setLevel(logging.INFO)
         lg.propagate = False
         return cls(load_manifest(manifest_path), open_root(root_url), DagsterInstance.from_ref(instance_ref), rerun, stages)

@@ -455,11 +455,12 @@ def test_two_processes_write_one_homes_index_at_once(tmp_path):
 
 
 def test_the_cli_writes_its_config_upgrades_its_earlier_one_and_keeps_a_users(tmp_path):
-    from megacpp_assets.cli import _EARLIER_DAGSTER_YAML, DAGSTER_YAML, prepare_environment
+    from megacpp_assets.cli import _EARLIER_DAGSTER_YAMLS, DAGSTER_YAML, prepare_environment
 
     saved = os.environ.get("MEGACPP_DATA_ROOT")
+    earlier = [(f"earlier{i}", text, DAGSTER_YAML) for i, text in enumerate(_EARLIER_DAGSTER_YAMLS)]
     try:
-        for name, before, after in [("fresh", None, DAGSTER_YAML), ("earlier", _EARLIER_DAGSTER_YAML, DAGSTER_YAML),
+        for name, before, after in [("fresh", None, DAGSTER_YAML), *earlier,
                                     ("users", "telemetry:\n  enabled: true\n", "telemetry:\n  enabled: true\n")]:
             home = tmp_path / name / "home"
             home.mkdir(parents=True)

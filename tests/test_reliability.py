@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,10 @@ def test_a_worker_killed_mid_write_fails_the_run_then_rerun(tiny_run, tmp_path):
     r = _cli(root, home, "--workers", "2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert not [p for p in snap.rglob("*") if ".tmp-" in p.name]
+    # the workers' runs have their progress lines in their step logs (the UI's), as printed
+    logs = [p.read_text() for p in (home / "storage").rglob("compute_logs/*.out")]
+    chunk_lines = [ln for t in logs for ln in t.splitlines() if re.match(r"\d\d:\d\d:\d\d  chunk +tiny/", ln)]
+    assert chunk_lines and all(ln in r.stdout for ln in chunk_lines)
     want = {k: v for k, v in _hashes(tiny_run[0]).items() if k not in ("manifest.origin.json",)}
     got = {k: v for k, v in _hashes(root).items() if k not in ("manifest.origin.json",)}
     assert got == want
