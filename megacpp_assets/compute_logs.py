@@ -114,11 +114,19 @@ class _Follower:
 
 class TeeStream(io.TextIOBase):
     """A text stream writing to ``stream`` and appending to ``log`` (a text file, flushed
-    at each write so the UI follows it). ``encoding``, ``errors`` and ``isatty`` are the
-    original stream's; it has no file descriptor."""
+    at each write so the UI follows it) until :meth:`end_log`; after it, to ``stream``
+    alone (a handler that took this stream during the capture keeps working).
+    ``encoding``, ``errors`` and ``isatty`` are the original stream's; it has no file
+    descriptor."""
 
     def __init__(self, stream, log):
         self._stream, self._log = stream, log
+
+    def end_log(self) -> None:
+        """Flush the log and stop writing to it (the capture ended; the caller closes it)."""
+        if self._log is not None:
+            self._log.flush()
+            self._log = None
 
     @property
     def encoding(self):
@@ -135,12 +143,14 @@ class TeeStream(io.TextIOBase):
         return True
 
     def write(self, s: str) -> int:
-        self._log.write(s)
-        self._log.flush()
+        if self._log is not None:
+            self._log.write(s)
+            self._log.flush()
         return self._stream.write(s)
 
     def flush(self) -> None:
-        self._log.flush()
+        if self._log is not None:
+            self._log.flush()
         self._stream.flush()
 
 
@@ -163,9 +173,12 @@ def tee_stream(name: str, path: str) -> Generator[None, None, None]:
             try:
                 yield
             finally:
-                tee.flush()
-                if getattr(sys, name) is tee:
-                    setattr(sys, name, stream)
+                try:
+                    tee.flush()
+                finally:
+                    tee.end_log()
+                    if getattr(sys, name) is tee:
+                        setattr(sys, name, stream)
         return
     stream.flush()
     saved = os.dup(fd)

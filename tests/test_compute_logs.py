@@ -123,6 +123,20 @@ def test_a_stream_without_descriptor_is_teed_and_given_back(tmp_path, monkeypatc
     assert sent.startswith(head) and re.fullmatch(r"\d\d:\d\d:\d\d  after the capture\n", sent[len(head):])
 
 
+def test_a_handler_that_kept_the_tee_writes_on_after_the_capture(tmp_path, monkeypatch):
+    """A logging handler made during the capture holds the tee; after the capture its
+    records still reach the original stream, and the closed log is left alone."""
+    original = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", original)
+    log = tmp_path / "run.out"
+    with tee_stream("stdout", str(log)):
+        handler = logging.StreamHandler(sys.stdout)  # bound to the tee, as a logger made in a run is
+        handler.emit(logging.makeLogRecord({"msg": "during"}))
+    handler.emit(logging.makeLogRecord({"msg": "after"}))
+    assert log.read_text() == "during\n"
+    assert original.getvalue() == "during\nafter\n"
+
+
 def test_a_replaced_stream_is_not_put_back_over_a_newer_one(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     newer = io.StringIO()
