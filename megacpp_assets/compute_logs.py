@@ -79,7 +79,11 @@ class _Follower:
     closed terminal) is dropped."""
 
     def __init__(self, path: str, start: int, mirror_fd: int):
-        self._file = open(path, "rb", buffering=0)
+        try:
+            self._file = open(path, "rb", buffering=0)
+        except BaseException:
+            os.close(mirror_fd)
+            raise
         self._file.seek(start)
         self._mirror = mirror_fd
         self._stop = threading.Event()
@@ -182,12 +186,18 @@ def tee_stream(name: str, path: str) -> Generator[None, None, None]:
         return
     stream.flush()
     saved = os.dup(fd)
-    log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        follower = _Follower(path, os.fstat(log_fd).st_size, os.dup(fd))
-        os.dup2(log_fd, fd)
-    finally:
-        os.close(log_fd)
+        log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.fstat(log_fd).st_size
+            os.dup2(log_fd, fd)
+        finally:
+            os.close(log_fd)
+        follower = _Follower(path, start, os.dup(saved))
+    except BaseException:  # the stream goes back where it went
+        os.dup2(saved, fd)
+        os.close(saved)
+        raise
     try:
         yield
     finally:
@@ -211,7 +221,6 @@ class TeeComputeLogManager(LocalComputeLogManager):
     def __init__(self, base_dir: str, polling_timeout: float | None = None, inst_data=None):
         from dagster._core.instance.ref import compute_logs_directory
 
-        self._home = base_dir
         super().__init__(compute_logs_directory(base_dir), polling_timeout=polling_timeout, inst_data=inst_data)
 
     @classmethod

@@ -102,6 +102,8 @@ def test_our_dedup_child_on_a_linked_copy(peer, tiny_run, tmp_path):
     peer.ours_child("dedup", str(copy), "tiny", str(out))
     res = json.loads(out.read_text())
     assert res["steps"] == len(steps) and res["peak_rss_mib"] > 0
+    # what a worker has imported before its first step is imported before the timing
+    assert not {m.split(".")[0] for m in peer.OUR_PRELOAD} & set(res["timed_imports"])
     assert set(res["stage_seconds"]) == {"minhash", "lsh_bands_00_07", "lsh_bands_07_14", "dedup"}
     want = json.loads((snap / "figures" / "dedup.json").read_text())
     for k in ("files_in", "files_out", "exact_removed", "near_removed", "cross_source_removed", "clusters"):
@@ -109,3 +111,19 @@ def test_our_dedup_child_on_a_linked_copy(peer, tiny_run, tmp_path):
     assert len(res["removed"]) == want["files_in"] - want["files_out"]
     # the snapshot it read is untouched
     assert {p: p.stat().st_mtime_ns for p in snap.rglob("*") if p.is_file()} == before
+
+
+def test_the_preloads_are_importable_and_ours_are_what_workers_have(peer):
+    """Our child imports only modules ``megacpp run``'s fork server preloads for its
+    workers (so the timing matches a worker's), and ``timed_imports`` names the packages
+    imported after its snapshot was taken."""
+    from megacpp_assets.run_workers import PRELOAD
+
+    assert set(peer.OUR_PRELOAD) <= set(PRELOAD)
+    peer.preload(peer.OUR_PRELOAD)
+    sys.modules.pop("colorsys", None)  # earlier tests may have imported it
+    before = set(sys.modules)
+    assert peer.timed_imports(before) == []
+    import colorsys  # noqa: F401  (a standard-library module imported after the snapshot)
+
+    assert peer.timed_imports(before) == ["colorsys"]
