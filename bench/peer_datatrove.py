@@ -119,10 +119,10 @@ REQUIRED = ("manifest.yaml", "dedup/decisions.parquet", "tokenizer/tokenizer.jso
 #: Modules our compared stages import on their first use that ``megacpp run``'s fork server
 #: imports once for every worker before its first step (:data:`megacpp_assets.run_workers.PRELOAD`:
 #: the schema checks' pandera with the pandas backend its first validation registers,
-#: hypothesis included; datasketch for MinHash LSH), imported by our child before its
-#: timing starts, as a worker has them. What a worker imports itself (polars, at the dedup
-#: gate) stays timed and is listed in ``timed_imports``.
-OUR_PRELOAD = ("pandera", "pandera.backends.pandas.register", "pandera.backends.pandas.builtin_checks", "datasketch")
+#: hypothesis included), imported by our child before its timing starts, as a worker has
+#: them. What a worker imports itself (polars, at the dedup gate) stays timed and is
+#: listed in ``timed_imports``.
+OUR_PRELOAD = ("pandera", "pandera.backends.pandas.register", "pandera.backends.pandas.builtin_checks")
 #: Modules datatrove's steps import on their first use (its executor's ``multiprocess``
 #: pool and manager, numpy's random generators, the xxhash MinHash hasher), imported by
 #: its child before its timing starts.

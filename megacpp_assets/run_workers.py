@@ -63,7 +63,6 @@ PRELOAD = (
     "dagster._core.storage.schedules.sqlite", "dagster._core.storage.event_log.sqlite",
     "networkx", "matplotlib.figure", "matplotlib.backends.backend_agg", "licensedcode.detection",
     "detect_secrets", "pandera", "pandera.backends.pandas.register", "pandera.backends.pandas.builtin_checks",
-    "datasketch",
 )
 
 

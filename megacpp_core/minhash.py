@@ -22,7 +22,8 @@ pseudorandom number generators", OOPSLA 2014.
 
 **Permutations.** datasketch 2.x's ``"affine32"`` scheme, bit for bit: ``hv`` is pre-mixed
 with the MurmurHash3 32-bit finalizer, then ``π_i(hv) = a_i · hv + b_i mod 2^32`` with
-``(a, b)`` taken from ``datasketch.MinHash(num_perm, seed, scheme="affine32").permutations``.
+``(a, b)`` those of ``datasketch.MinHash(num_perm, seed, scheme="affine32").permutations``,
+drawn as datasketch draws them (:func:`permutations`).
 A signature is the per-permutation minimum over the shingle set, ``uint32[num_perm]``;
 a text without shingles has the empty signature (all ``0xFFFFFFFF``, as datasketch).
 
@@ -108,13 +109,19 @@ def shingle_hash32(shingle: bytes | Sequence[bytes]) -> int:
 
 def permutations(num_perm: int = 128, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """``(a, b)``, two ``uint32[num_perm]`` arrays: datasketch's affine32 permutation
-    parameters for ``seed`` (``a`` odd). Raises ``ValueError`` for ``num_perm < 1``."""
+    parameters for ``seed`` (``a`` odd), drawn as datasketch 2.x's
+    ``MinHash._init_permutations`` draws them: numpy's legacy ``RandomState(seed)``
+    (whose stream numpy keeps fixed), ``a = 2·randint(0, 2^31) + 1`` then
+    ``b = randint(0, 2^32)``, both ``uint32``. Drawn here rather than through a
+    ``datasketch.MinHash`` because importing datasketch imports scipy (36 MB of RSS and
+    0.35 s a process, measured here) only for these numbers; ``tests/test_dedup_minhash.py``
+    checks them against datasketch's. Raises ``ValueError`` for ``num_perm < 1``."""
     if num_perm < 1:
         raise ValueError(f"num_perm must be >= 1, got {num_perm}")
-    from datasketch import MinHash
-
-    a, b = MinHash(num_perm=num_perm, seed=seed, scheme=SCHEME).permutations
-    return np.ascontiguousarray(a, dtype=np.uint32), np.ascontiguousarray(b, dtype=np.uint32)
+    gen = np.random.RandomState(seed)
+    a = gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    b = gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)
+    return np.ascontiguousarray(a), np.ascontiguousarray(b)
 
 
 def shingle_hashes(texts: Sequence[str], k: int = 5) -> tuple[np.ndarray, np.ndarray]:

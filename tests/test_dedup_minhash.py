@@ -51,6 +51,70 @@ def test_signatures_bit_identical_to_datasketch_with_the_same_hash(lz4_texts):
     assert all(np.array_equal(small[i], reference(t, 112, 7)) for i, t in enumerate(HOSTILE[:4]))
 
 
+def test_permutations_are_datasketchs_for_every_seed_and_size():
+    """The affine32 parameters drawn without datasketch equal datasketch's own."""
+    for num_perm in (1, 2, 7, 112, 128, 256, 1000):
+        for seed in (0, 1, 7, 2**31 - 1, 2**32 - 1):
+            a, b = mh.permutations(num_perm, seed)
+            want_a, want_b = MinHash(num_perm=num_perm, seed=seed, scheme="affine32").permutations
+            assert a.dtype == b.dtype == np.uint32 and a.flags.c_contiguous and b.flags.c_contiguous
+            assert np.array_equal(a, want_a) and np.array_equal(b, want_b), (num_perm, seed)
+            assert (a % 2 == 1).all()
+    with pytest.raises(ValueError):
+        mh.permutations(0)
+
+
+def test_near_lsh_params_are_the_pair_datasketch_picks():
+    """``(b, r)`` by exact polynomial integration equals datasketch ``MinHashLSH``'s (scipy
+    ``quad``) over thresholds across [0, 1] and several permutation counts; a bad
+    threshold or size is refused as datasketch refuses it."""
+    from datasketch import MinHashLSH
+
+    dedup.near_lsh_params.cache_clear()
+    refused = 0
+    for num_perm in (2, 16, 64, 128, 256):
+        for t in [0.0, 0.05, 0.3, 0.5, 0.55, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0]:
+            try:
+                lsh = MinHashLSH(threshold=t, num_perm=num_perm, weights=dedup.LSH_WEIGHTS)
+            except ValueError:  # datasketch refuses (b < 2): so do we
+                refused += 1
+                with pytest.raises(ValueError, match="b < 2"):
+                    dedup.near_lsh_params(t, num_perm)
+                continue
+            assert dedup.near_lsh_params(t, num_perm) == (lsh.b, lsh.r), (t, num_perm)
+    assert 0 < refused < 20
+    assert dedup.near_lsh_params() == (20, 6)  # the SPEC defaults (module doc)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError):
+            MinHashLSH(threshold=bad, num_perm=128)
+        with pytest.raises(ValueError):
+            dedup.near_lsh_params(bad, 128)
+    for few in (0, 1):
+        with pytest.raises(ValueError):
+            MinHashLSH(threshold=0.7, num_perm=few)
+        with pytest.raises(ValueError):
+            dedup.near_lsh_params(0.7, few)
+
+
+def test_the_stages_of_a_run_do_not_import_datasketch(tmp_path):
+    """MinHash signatures, band keys and the near-duplicate LSH settings of a run come
+    without datasketch and the scipy it imports (a process of ``megacpp run`` does not
+    pay for them; datasketch stays the tests' reference)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from megacpp_core import dedup, dedup_stream, minhash\n"
+            "from megacpp_core.stages import STAGES\n"
+            "sig = minhash.signatures(['int main(void) { return a + b * c; }', 'x'] * 3)\n"
+            "minhash.band_pairs(sig, 8, 0, 14)\n"
+            "assert dedup.near_lsh_params() == (20, 6)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('datasketch', 'scipy')))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
+
+
 def test_shingle_hashes_follow_the_documented_tokenizer(lz4_texts):
     texts = lz4_texts[:5] + HOSTILE
     hv, off = mh.shingle_hashes(texts)
