@@ -217,7 +217,10 @@ class PassUnits:
     once its early assets are done (its plan then names them), its late assets once its last
     shard is done. Nothing waits on a revision it does not depend on, so the shards of the
     largest revision spread over every worker. Shard units are released before further
-    early units (depth first), and larger shards first (the plan's bytes)."""
+    early units (depth first), and larger shards first (the plan's bytes). A pass without
+    early units knows every shard at its start: its shards start largest first across all
+    revisions (longest processing time first), so the pass does not end on a large
+    revision while the other workers wait."""
 
     def __init__(self, run: SnapshotRun, n: int):
         self.run, self.n = run, n
@@ -227,25 +230,27 @@ class PassUnits:
         self._count: dict[int, int] = {}
 
     def first(self) -> list[tuple]:
-        """The units that can start now."""
-        out = []
-        for i in range(1, self.run.n_sources + 1):
-            if self.early:
-                out.append(("early", (self.n, i)))
-            else:
-                out += self._after_early(i)
-        return out
+        """The units that can start now, in the order they should start."""
+        if self.early:
+            return [("early", (self.n, i)) for i in range(1, self.run.n_sources + 1)]
+        sized = [unit for i in range(1, self.run.n_sources + 1) for unit in self._sized_after_early(i)]
+        return [unit for _, unit in sorted(sized, key=lambda x: (-x[0], x[1][1][1:3]))]  # stable: (i, k) on ties
 
     def _after_early(self, i: int) -> list[tuple]:
+        return [unit for _, unit in self._sized_after_early(i)]
+
+    def _sized_after_early(self, i: int) -> list[tuple[int, tuple]]:
+        """``[(bytes, unit)]`` released once revision ``i``'s early assets are done: its
+        shards, larger first, or its late unit (0 bytes) when it has none."""
         if not self.shard:
-            return [("late", (self.n, i))] if self.late else []
+            return [(0, ("late", (self.n, i)))] if self.late else []
         keys = self.run.shard_keys(i)
         self._left[i], self._current[i], self._count[i] = len(keys), 0, len(keys)
         if not keys:
-            return [("late", (self.n, i))] if self.late else []
+            return [(0, ("late", (self.n, i)))] if self.late else []
         sizes = _shard_bytes(self.run, i)
         keys = sorted(keys, key=lambda k: (-sizes.get(k, 0), k))
-        return [("shard", (self.n, i, k, len(keys))) for k in keys]
+        return [(sizes.get(k, 0), ("shard", (self.n, i, k, len(keys)))) for k in keys]
 
     def done(self, method: str, args: tuple, result) -> tuple[bool, list[tuple]]:
         """``(ok, units released)`` after ``method(*args)`` returned ``result``."""
@@ -277,7 +282,9 @@ def _shard_bytes(run: SnapshotRun, i: int) -> dict[str, int]:
 
 def _run_in_process(run: SnapshotRun, units: PassUnits) -> bool:
     """The units of a pass one after another in this process, depth first (the order of
-    the 1-worker run: a revision's early assets, its shards, its late assets, the next)."""
+    the 1-worker run: a revision's early assets, its shards, its late assets, the next;
+    in a pass without early units, the shards in :meth:`PassUnits.first`'s order, each
+    revision's late assets as soon as its last shard is done)."""
     stack = units.first()[::-1]
     while stack:
         method, args = stack.pop()

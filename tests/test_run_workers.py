@@ -213,6 +213,41 @@ def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure
     assert u.done("snapshot_group", (2, ("chunk_dedup",)), False) == (False, [])
 
 
+def test_a_pass_without_early_units_starts_its_largest_shards_first_across_revisions(tmp_path):
+    """Pass 2 (no early units): every revision's shards are known at its start, and they
+    start largest first whatever their revision (the plans' bytes; ties by revision, then
+    key); a revision's late unit comes when its last shard is done; a revision without
+    shards is released at once. Pass 1 starts its revisions' early units in manifest order."""
+    import json
+    import types
+
+    from megacpp_assets.snapshot_run import PassUnits
+    from megacpp_core import layout
+    from megacpp_core.sharding import shard_key
+    from megacpp_core.storage import open_root
+
+    sizes = {"a": [10, 300], "b": [200], "c": [], "d": [300, 5]}
+    names = list(sizes)
+    for name, b in sizes.items():
+        path = tmp_path / layout.shard_plan_key("snap", name)
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"shards": len(b), "bytes": b}))
+
+    def pass_assets(n):
+        return ([], ["chunked_documents"], ["p3_repo_documents"]) if n == 2 else (["source_files"], ["quality_files"], [])
+
+    run = types.SimpleNamespace(
+        n_sources=4, root=open_root(str(tmp_path)), pass_assets=pass_assets, _tag=lambda i: f"[{i}/4]",
+        manifest=types.SimpleNamespace(name="snap", sources=[types.SimpleNamespace(name=n) for n in names]),
+        shard_keys=lambda i: [shard_key(k) for k in range(len(sizes[names[i - 1]]))])
+    u = PassUnits(run, 2)
+    assert u.first() == [("shard", (2, 1, "001", 2)), ("shard", (2, 4, "000", 2)), ("shard", (2, 2, "000", 1)),
+                         ("shard", (2, 1, "000", 2)), ("shard", (2, 4, "001", 2)), ("late", (2, 3))]
+    assert u.done("shard", (2, 1, "001", 2), "ran") == (True, [])
+    assert u.done("shard", (2, 1, "000", 2), "ran") == (True, [("late", (2, 1))])
+    assert PassUnits(run, 1).first() == [("early", (1, i)) for i in range(1, 5)]
+
+
 class _LibraryWorker:
     """A worker state that runs each library with a thread pool of its own (a fork-safety check)."""
 
