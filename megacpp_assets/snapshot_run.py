@@ -24,7 +24,7 @@ from dagster import AssetKey, DagsterInstance
 from megacpp_assets import freshness
 from megacpp_assets.factory import CARD_CODE_VERSION, LatestMaterializations, group_step_name, register_shards
 from megacpp_core import layout
-from megacpp_core.stage import Partition
+from megacpp_core.stage import Partition, Partitioning
 from megacpp_core.stages import phases, sinks, snapshot_groups, step_groups
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -217,10 +217,10 @@ class PassUnits:
     once its early assets are done (its plan then names them), its late assets once its last
     shard is done. Nothing waits on a revision it does not depend on, so the shards of the
     largest revision spread over every worker. Shard units are released before further
-    early units (depth first), and larger shards first (the plan's bytes). A pass without
-    early units knows every shard at its start: its shards start largest first across all
-    revisions (longest processing time first), so the pass does not end on a large
-    revision while the other workers wait."""
+    early units (depth first), and larger shards first (:func:`_shard_bytes`). A pass
+    without early units knows every shard at its start: its shards start largest first
+    across all revisions (longest processing time first), so the pass does not end on a
+    large revision while the other workers wait."""
 
     def __init__(self, run: SnapshotRun, n: int):
         self.run, self.n = run, n
@@ -248,7 +248,7 @@ class PassUnits:
         self._left[i], self._current[i], self._count[i] = len(keys), 0, len(keys)
         if not keys:
             return [(0, ("late", (self.n, i)))] if self.late else []
-        sizes = _shard_bytes(self.run, i)
+        sizes = _shard_bytes(self.run, i, self.n)
         keys = sorted(keys, key=lambda k: (-sizes.get(k, 0), k))
         return [(sizes.get(k, 0), ("shard", (self.n, i, k, len(keys)))) for k in keys]
 
@@ -271,13 +271,27 @@ class PassUnits:
         return True, [("late", (self.n, i))] if self.late else []
 
 
-def _shard_bytes(run: SnapshotRun, i: int) -> dict[str, int]:
-    """``{shard key: bytes}`` of source ``i``'s plan (``megacpp_core.sharding.plan``); the
-    plan exists: :meth:`SnapshotRun.shard_keys` read it first."""
+def _shard_bytes(run: SnapshotRun, i: int, n: int = 1) -> dict[str, int]:
+    """``{shard key: bytes}``: the expected work of each shard of source ``i`` in pass
+    ``n``, as the bytes of what the pass's shard stages read from earlier passes (pass 2:
+    the scrubbed files, which quality, license and dedup have thinned), or, when they
+    read nothing written yet (pass 1), the source bytes of the plan
+    (``megacpp_core.sharding.plan``; it exists: :meth:`SnapshotRun.shard_keys` read it first)."""
     from megacpp_core import sharding
 
-    plan = run.root.read_json(layout.shard_plan_key(run.manifest.name, run.manifest.sources[i - 1].name))
-    return dict(zip(sharding.shard_keys(plan), plan.get("bytes") or []))
+    source = run.manifest.sources[i - 1].name
+    plan = run.root.read_json(layout.shard_plan_key(run.manifest.name, source))
+    keys = sharding.shard_keys(plan)
+    shard_stages = run.passes[n - 1].shard
+    made_here = {d.name for st in shard_stages for d in st.outputs}
+    read = {d.name: d for st in shard_stages for d in st.inputs
+            if d.scope is Partitioning.REVISION_SHARD and d.name not in made_here}
+    if read:
+        sizes = {k: sum(run.root.size(d.key(Partition(run.manifest.name, source, k))) or 0 for d in read.values())
+                 for k in keys}
+        if any(sizes.values()):
+            return sizes
+    return dict(zip(keys, plan.get("bytes") or []))
 
 
 def _run_in_process(run: SnapshotRun, units: PassUnits) -> bool:

@@ -256,6 +256,20 @@ class DataRoot:
         marks = tuple((k, str(info[k])) for k in _VERSION_FIELDS if info.get(k) not in (None, ""))
         return (("size", str(info.get("size"))),) + marks if marks else None
 
+    def size(self, key: str) -> int | None:
+        """Bytes of the object under ``key`` (what the backend's ``info`` reports), or
+        None when it is missing."""
+        if self.is_local:
+            try:
+                return os.stat(self.path(key)).st_size
+            except FileNotFoundError:
+                return None
+        self._fresh(key)
+        try:
+            return int(self.fs.info(self.path(key))["size"])
+        except FileNotFoundError:
+            return None
+
     def sha256(self, key: str) -> str:
         """Hex sha256 of the bytes under ``key``, streamed in 1 MiB chunks."""
         h = hashlib.sha256()

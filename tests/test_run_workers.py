@@ -223,7 +223,10 @@ def test_a_pass_without_early_units_starts_its_largest_shards_first_across_revis
 
     from megacpp_assets.snapshot_run import PassUnits
     from megacpp_core import layout
+    from megacpp_core.catalog import SCRUBBED
     from megacpp_core.sharding import shard_key
+    from megacpp_core.stage import Partition
+    from megacpp_core.stages import STAGES, phases
     from megacpp_core.storage import open_root
 
     sizes = {"a": [10, 300], "b": [200], "c": [], "d": [300, 5]}
@@ -238,14 +241,25 @@ def test_a_pass_without_early_units_starts_its_largest_shards_first_across_revis
 
     run = types.SimpleNamespace(
         n_sources=4, root=open_root(str(tmp_path)), pass_assets=pass_assets, _tag=lambda i: f"[{i}/4]",
+        passes=phases(STAGES),
         manifest=types.SimpleNamespace(name="snap", sources=[types.SimpleNamespace(name=n) for n in names]),
         shard_keys=lambda i: [shard_key(k) for k in range(len(sizes[names[i - 1]]))])
-    u = PassUnits(run, 2)
+    u = PassUnits(run, 2)  # nothing of pass 1 written: the plans' bytes
     assert u.first() == [("shard", (2, 1, "001", 2)), ("shard", (2, 4, "000", 2)), ("shard", (2, 2, "000", 1)),
                          ("shard", (2, 1, "000", 2)), ("shard", (2, 4, "001", 2)), ("late", (2, 3))]
     assert u.done("shard", (2, 1, "001", 2), "ran") == (True, [])
     assert u.done("shard", (2, 1, "000", 2), "ran") == (True, [("late", (2, 1))])
     assert PassUnits(run, 1).first() == [("early", (1, i)) for i in range(1, 5)]
+    # once pass 1 wrote the scrubbed files pass 2 reads, their bytes order it (the sources'
+    # bytes counted files that quality dropped)
+    scrubbed = {("a", "000"): 50, ("a", "001"): 20, ("b", "000"): 70, ("d", "000"): 10, ("d", "001"): 60}
+    for (name, k), n in scrubbed.items():
+        path = tmp_path / SCRUBBED.key(Partition("snap", name, k))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * n)
+    assert PassUnits(run, 2).first() == [("shard", (2, 2, "000", 1)), ("shard", (2, 4, "001", 2)),
+                                         ("shard", (2, 1, "000", 2)), ("shard", (2, 1, "001", 2)),
+                                         ("shard", (2, 4, "000", 2)), ("late", (2, 3))]
 
 
 class _LibraryWorker:
