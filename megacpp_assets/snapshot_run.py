@@ -286,8 +286,9 @@ def _shard_bytes(run: SnapshotRun, i: int, n: int = 1) -> dict[str, int]:
     made_here = {d.name for st in shard_stages for d in st.outputs}
     read = {d.name: d for st in shard_stages for d in st.inputs
             if d.scope is Partitioning.REVISION_SHARD and d.name not in made_here}
-    if read:
-        sizes = {k: sum(run.root.size(d.key(Partition(run.manifest.name, source, k))) or 0 for d in read.values())
+    if read:  # one listing of the revision's shards, not a request per file
+        listed = run.root.sizes(f"{layout.snapshot_prefix(run.manifest.name)}/revisions/{source}/shards/")
+        sizes = {k: sum(listed.get(d.key(Partition(run.manifest.name, source, k)), 0) for d in read.values())
                  for k in keys}
         if any(sizes.values()):
             return sizes

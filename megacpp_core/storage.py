@@ -197,6 +197,20 @@ class DataRoot:
         root = self.base + "/"
         return sorted(p[len(root):] if p.startswith(root) else p for p in (str(x) for x in found))
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """``{key: bytes}`` of every file under ``prefix`` (recursive), from one listing
+        (one request per thousand objects on an object store, not one per file); ``{}``
+        when none."""
+        base = self.path(prefix)
+        self._fresh(prefix)
+        try:
+            found = self.fs.find(base, detail=True)
+        except FileNotFoundError:
+            return {}
+        root = self.base + "/"
+        return {(p[len(root):] if p.startswith(root) else p): int(info.get("size") or 0)
+                for p, info in ((str(k), v) for k, v in sorted(found.items()))}
+
     def glob(self, pattern: str) -> list[str]:
         """Keys matching a glob ``pattern`` relative to the root (``snapshots/*/manifest.yaml``), sorted."""
         self._fresh()
@@ -255,20 +269,6 @@ class DataRoot:
             return None
         marks = tuple((k, str(info[k])) for k in _VERSION_FIELDS if info.get(k) not in (None, ""))
         return (("size", str(info.get("size"))),) + marks if marks else None
-
-    def size(self, key: str) -> int | None:
-        """Bytes of the object under ``key`` (what the backend's ``info`` reports), or
-        None when it is missing."""
-        if self.is_local:
-            try:
-                return os.stat(self.path(key)).st_size
-            except FileNotFoundError:
-                return None
-        self._fresh(key)
-        try:
-            return int(self.fs.info(self.path(key))["size"])
-        except FileNotFoundError:
-            return None
 
     def sha256(self, key: str) -> str:
         """Hex sha256 of the bytes under ``key``, streamed in 1 MiB chunks."""

@@ -158,15 +158,19 @@ def test_a_version_token_changes_when_the_object_is_replaced_or_rewritten(where,
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_size_is_the_objects_bytes_or_none(where, s3_env, tmp_path):
-    """:meth:`DataRoot.size`: the byte count of an object, 0 for an empty one, ``None``
-    for a missing key, on a local root and on S3 alike."""
+def test_sizes_lists_every_files_bytes_under_a_prefix(where, s3_env, tmp_path):
+    """:meth:`DataRoot.sizes`: ``{key: bytes}`` of every file under a prefix, nested ones
+    and empty ones included, nothing outside it; ``{}`` for a prefix with nothing, on a
+    local root and on S3 alike."""
     from tests.conftest import S3_BUCKET
 
     root = DataRoot(str(tmp_path / "root")) if where == "local" else DataRoot(f"s3://{S3_BUCKET}/size-{tmp_path.name}")
     root.write_bytes("a/b.bin", b"x" * 1234)
+    root.write_bytes("a/c/d.bin", b"y" * 7)
     root.write_bytes("a/empty.bin", b"")
-    assert (root.size("a/b.bin"), root.size("a/empty.bin"), root.size("a/missing.bin")) == (1234, 0, None)
+    root.write_bytes("ab/outside.bin", b"z")
+    assert root.sizes("a/") == {"a/b.bin": 1234, "a/c/d.bin": 7, "a/empty.bin": 0}
+    assert root.sizes("nothing/") == {}
 
 
 def test_later_stages_read_and_hash_the_tokenizer_once_until_it_changes(tiny_run, tmp_path, monkeypatch):
