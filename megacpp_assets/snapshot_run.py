@@ -216,7 +216,8 @@ class PassUnits:
     shard of revision ``i``, ``late(i)`` — released in dependency order: a revision's shards
     once its early assets are done (its plan then names them), its late assets once its last
     shard is done. Nothing waits on a revision it does not depend on, so the shards of the
-    largest revision spread over every worker. Shard units are released before further
+    largest revision spread over every worker. Early units start largest cached archive
+    first (:func:`_largest_archives_first`); shard units are released before further
     early units (depth first), and larger shards first (:func:`_shard_bytes`). A pass
     without early units knows every shard at its start: its shards start largest first
     across all revisions (longest processing time first), so the pass does not end on a
@@ -232,7 +233,7 @@ class PassUnits:
     def first(self) -> list[tuple]:
         """The units that can start now, in the order they should start."""
         if self.early:
-            return [("early", (self.n, i)) for i in range(1, self.run.n_sources + 1)]
+            return [("early", (self.n, i)) for i in _largest_archives_first(self.run)]
         sized = [unit for i in range(1, self.run.n_sources + 1) for unit in self._sized_after_early(i)]
         return [unit for _, unit in sorted(sized, key=lambda x: (-x[0], x[1][1][1:3]))]  # stable: (i, k) on ties
 
@@ -269,6 +270,16 @@ class PassUnits:
             name = f"{self.run.manifest.name}/{self.run.manifest.sources[i - 1].name}"
             print(f"{self.run._tag(i)}   {name}: shards {self._current[i]} of {self._count[i]} current; skipped")
         return True, [("late", (self.n, i))] if self.late else []
+
+
+def _largest_archives_first(run: SnapshotRun) -> list[int]:
+    """Source numbers (1-based) by the bytes of their cached archives, largest first
+    (their extraction and files come first, the small revisions fill the pass's end);
+    sources not cached (a first run, git or local sources) after them, in manifest order."""
+    from megacpp_core.acquire import cached_archive_bytes
+
+    size = {i: cached_archive_bytes(run.root.cache_dir, s.sha256) or 0 for i, s in enumerate(run.manifest.sources, 1)}
+    return sorted(size, key=lambda i: (-size[i], i))
 
 
 def _shard_bytes(run: SnapshotRun, i: int, n: int = 1) -> dict[str, int]:

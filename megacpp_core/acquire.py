@@ -346,6 +346,21 @@ def check_pins(manifest: Manifest, cache_root: Path) -> None:
                 raise ManifestError(f"{where}: field '{getattr(e, 'field', 'package')}': {e}") from None
 
 
+def cached_archive_bytes(cache_root: Path, sha: str | None) -> int | None:
+    """Bytes of the archive pinned by ``sha`` in the content-addressed cache that
+    :func:`fetch_archive` fills (``CACHE/sha256/xx/SHA/NAME``), or None when it is not
+    cached or has no pin. Not hashed: a size for planning the order of work, not a
+    verified copy (acquire verifies it before use)."""
+    if not sha:
+        return None
+    d = Path(cache_root) / "sha256" / sha[:2] / sha
+    try:
+        sizes = [f.stat().st_size for f in d.iterdir() if f.is_file() and not f.name.endswith(".part")]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return max(sizes) if sizes else None
+
+
 def _cached_any(cache_root: Path, sha: str | None) -> bool:
     d = Path(cache_root) / "sha256" / (sha or "xx")[:2] / (sha or "")
     return bool(sha) and d.is_dir() and any(f.is_file() and not f.name.endswith(".part") for f in d.iterdir())

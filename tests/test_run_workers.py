@@ -217,7 +217,9 @@ def test_a_pass_without_early_units_starts_its_largest_shards_first_across_revis
     """Pass 2 (no early units): every revision's shards are known at its start, and they
     start largest first whatever their revision (the plans' bytes; ties by revision, then
     key); a revision's late unit comes when its last shard is done; a revision without
-    shards is released at once. Pass 1 starts its revisions' early units in manifest order."""
+    shards is released at once. Pass 1 starts its revisions' early units largest cached
+    archive first, the uncached ones after in manifest order."""
+    import hashlib
     import json
     import types
 
@@ -239,17 +241,24 @@ def test_a_pass_without_early_units_starts_its_largest_shards_first_across_revis
     def pass_assets(n):
         return ([], ["chunked_documents"], ["p3_repo_documents"]) if n == 2 else (["source_files"], ["quality_files"], [])
 
+    pins = {n: hashlib.sha256(n.encode()).hexdigest() for n in names}
     run = types.SimpleNamespace(
         n_sources=4, root=open_root(str(tmp_path)), pass_assets=pass_assets, _tag=lambda i: f"[{i}/4]",
         passes=phases(STAGES),
-        manifest=types.SimpleNamespace(name="snap", sources=[types.SimpleNamespace(name=n) for n in names]),
+        manifest=types.SimpleNamespace(name="snap", sources=[types.SimpleNamespace(name=n, sha256=pins[n]) for n in names]),
         shard_keys=lambda i: [shard_key(k) for k in range(len(sizes[names[i - 1]]))])
     u = PassUnits(run, 2)  # nothing of pass 1 written: the plans' bytes
     assert u.first() == [("shard", (2, 1, "001", 2)), ("shard", (2, 4, "000", 2)), ("shard", (2, 2, "000", 1)),
                          ("shard", (2, 1, "000", 2)), ("shard", (2, 4, "001", 2)), ("late", (2, 3))]
     assert u.done("shard", (2, 1, "001", 2), "ran") == (True, [])
     assert u.done("shard", (2, 1, "000", 2), "ran") == (True, [("late", (2, 1))])
-    assert PassUnits(run, 1).first() == [("early", (1, i)) for i in range(1, 5)]
+    assert PassUnits(run, 1).first() == [("early", (1, i)) for i in range(1, 5)]  # nothing cached: manifest order
+    for name, n in (("b", 10), ("d", 30)):  # archives in the content-addressed cache (a partial download does not count)
+        d = run.root.cache_dir / "sha256" / pins[name][:2] / pins[name]
+        d.mkdir(parents=True)
+        (d / f"{name}.tar.gz").write_bytes(b"x" * n)
+        (d / f"{name}.tar.gz.part").write_bytes(b"x" * 1000)
+    assert PassUnits(run, 1).first() == [("early", (1, i)) for i in (4, 2, 1, 3)]
     # once pass 1 wrote the scrubbed files pass 2 reads, their bytes order it (the sources'
     # bytes counted files that quality dropped)
     scrubbed = {("a", "000"): 50, ("a", "001"): 20, ("b", "000"): 70, ("d", "000"): 10, ("d", "001"): 60}
