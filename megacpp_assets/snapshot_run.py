@@ -284,10 +284,11 @@ def _largest_archives_first(run: SnapshotRun) -> list[int]:
 
 def _shard_bytes(run: SnapshotRun, i: int, n: int = 1) -> dict[str, int]:
     """``{shard key: bytes}``: the expected work of each shard of source ``i`` in pass
-    ``n``, as the bytes of what the pass's shard stages read from earlier passes (pass 2:
-    the scrubbed files, which quality, license and dedup have thinned), or, when they
-    read nothing written yet (pass 1), the source bytes of the plan
-    (``megacpp_core.sharding.plan``; it exists: :meth:`SnapshotRun.shard_keys` read it first)."""
+    ``n``, as the bytes of the per-shard files the pass's shard stages read and other
+    steps wrote (pass 1: the source files acquire wrote; pass 2: the scrubbed files,
+    which quality, license and dedup have thinned), or, when none is written, the source
+    bytes of the plan (``megacpp_core.sharding.plan``; it exists:
+    :meth:`SnapshotRun.shard_keys` read it first)."""
     from megacpp_core import sharding
 
     source = run.manifest.sources[i - 1].name
