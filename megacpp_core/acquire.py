@@ -362,8 +362,7 @@ def cached_archive_bytes(cache_root: Path, sha: str | None) -> int | None:
 
 
 def _cached_any(cache_root: Path, sha: str | None) -> bool:
-    d = Path(cache_root) / "sha256" / (sha or "xx")[:2] / (sha or "")
-    return bool(sha) and d.is_dir() and any(f.is_file() and not f.name.endswith(".part") for f in d.iterdir())
+    return cached_archive_bytes(cache_root, sha) is not None
 
 
 def language_of(path: str) -> str | None:
