@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import sys
 import threading
 from collections.abc import Generator, Sequence
@@ -66,10 +67,14 @@ def _fileno(stream) -> int | None:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    """Write every byte of ``data`` to ``fd`` (a pipe or terminal may take part of it)."""
+    """Write every byte of ``data`` to ``fd`` (a pipe or terminal may take part of it; a
+    non-blocking one that is full is waited on until it takes more)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            select.select([], [fd], [])
 
 
 class _Follower:
@@ -79,17 +84,22 @@ class _Follower:
     closed terminal) is dropped."""
 
     def __init__(self, path: str, start: int, mirror_fd: int):
+        self._mirror = mirror_fd
         try:
             self._file = open(path, "rb", buffering=0)
         except BaseException:
             os.close(mirror_fd)
             raise
-        self._file.seek(start)
-        self._mirror = mirror_fd
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="megacpp-log-follower", daemon=True)
-        self._thread.start()
+        try:
+            self._file.seek(start)
+            self._stop = threading.Event()
+            self._lock = threading.Lock()
+            self._thread = threading.Thread(target=self._run, name="megacpp-log-follower", daemon=True)
+            self._thread.start()
+        except BaseException:
+            self._file.close()
+            os.close(mirror_fd)
+            raise
 
     def _copy(self) -> None:
         with self._lock:
@@ -120,8 +130,9 @@ class TeeStream(io.TextIOBase):
     """A text stream writing to ``stream`` and appending to ``log`` (a text file, flushed
     at each write so the UI follows it) until :meth:`end_log`; after it, to ``stream``
     alone (a handler that took this stream during the capture keeps working).
-    ``encoding``, ``errors`` and ``isatty`` are the original stream's; it has no file
-    descriptor."""
+    ``stream`` may be None (Python's ``sys.stdout`` when the process started with that
+    descriptor closed): then the log alone gets the text. ``encoding``, ``errors`` and
+    ``isatty`` are the original stream's; it has no file descriptor."""
 
     def __init__(self, stream, log):
         self._stream, self._log = stream, log
@@ -150,12 +161,13 @@ class TeeStream(io.TextIOBase):
         if self._log is not None:
             self._log.write(s)
             self._log.flush()
-        return self._stream.write(s)
+        return self._stream.write(s) if self._stream is not None else len(s)
 
     def flush(self) -> None:
         if self._log is not None:
             self._log.flush()
-        self._stream.flush()
+        if self._stream is not None:
+            self._stream.flush()
 
 
 @contextmanager
@@ -164,7 +176,8 @@ def tee_stream(name: str, path: str) -> Generator[None, None, None]:
     (appended to, created if missing) while still writing it where it went (module doc):
     at its file descriptor when it has one, else by replacing ``sys.<name>`` with a
     :class:`TeeStream` until the block ends (restored only if nothing replaced it
-    meanwhile). Raises ``ValueError`` for another ``name``."""
+    meanwhile; a ``None`` stream gives a tee to the log alone). Raises ``ValueError``
+    for another ``name``."""
     if name not in ("stdout", "stderr"):
         raise ValueError(f"stream must be stdout or stderr, got {name!r}")
     ensure_file(path)

@@ -90,6 +90,48 @@ def test_a_closed_terminal_does_not_lose_the_log(tmp_path):
     assert r.stderr.endswith("survived\n")
 
 
+def test_a_full_non_blocking_terminal_is_waited_on_not_cut_off(tmp_path):
+    """Standard output is a non-blocking pipe whose reader starts late: the copy waits
+    for it to take more (EAGAIN) instead of dropping the rest; the reader gets all of it."""
+    log = tmp_path / "run.out"
+    r = _child(f"""
+        import fcntl, os, threading, time
+        from megacpp_assets.compute_logs import tee_stream
+        rd, wr = os.pipe()
+        fcntl.fcntl(wr, fcntl.F_SETFL, fcntl.fcntl(wr, fcntl.F_GETFL) | os.O_NONBLOCK)
+        saved = os.dup(1)
+        os.dup2(wr, 1)
+        os.close(wr)
+        got = []
+        def reader():
+            time.sleep(0.5)  # the pipe (64 KiB) fills meanwhile
+            while chunk := os.read(rd, 1 << 16):
+                got.append(chunk)
+        t = threading.Thread(target=reader)
+        t.start()
+        with tee_stream("stdout", {str(log)!r}):
+            for i in range(4):
+                os.write(1, (str(i) * 50_000 + "\\n").encode())
+        os.dup2(saved, 1)  # the pipe's last writer is gone: the reader sees its end
+        t.join()
+        print(sum(map(len, got)))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) == 4 * 50_001 == len(log.read_bytes())
+
+
+def test_a_process_without_stdout_logs_to_the_file_alone(tmp_path, monkeypatch):
+    """``sys.stdout`` is None (the process started with descriptor 1 closed): a print in
+    the capture goes to the log, nothing raises, and None is given back."""
+    monkeypatch.setattr(sys, "stdout", None)
+    log = tmp_path / "run.out"
+    with tee_stream("stdout", str(log)):
+        print("only in the log")
+        sys.stdout.flush()
+    assert sys.stdout is None
+    assert log.read_text() == "only in the log\n"
+
+
 def test_a_stream_without_descriptor_is_teed_and_given_back(tmp_path, monkeypatch):
     """A worker's ``sys.stdout`` (a queue, no file descriptor): replaced by a tee for the
     capture, so ``print`` and the progress-line handler reach the queue and the log; put
