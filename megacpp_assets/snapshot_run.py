@@ -16,6 +16,7 @@ order units finish in (``tests/test_shards.py``).
 
 from __future__ import annotations
 
+import posixpath
 import sys
 import time
 
@@ -298,10 +299,11 @@ def _shard_bytes(run: SnapshotRun, i: int, n: int = 1) -> dict[str, int]:
     made_here = {d.name for st in shard_stages for d in st.outputs}
     read = {d.name: d for st in shard_stages for d in st.inputs
             if d.scope is Partitioning.REVISION_SHARD and d.name not in made_here}
-    if read:  # one listing of the revision's shards, not a request per file
-        listed = run.root.sizes(f"{layout.snapshot_prefix(run.manifest.name)}/revisions/{source}/shards/")
-        sizes = {k: sum(listed.get(d.key(Partition(run.manifest.name, source, k)), 0) for d in read.values())
-                 for k in keys}
+    if read:
+        files = {k: [d.key(Partition(run.manifest.name, source, k)) for d in read.values()] for k in keys}
+        # one listing of the directory holding them all (the catalog's paths), not a request per file
+        listed = run.root.sizes(posixpath.dirname(posixpath.commonprefix([f for fs in files.values() for f in fs])) + "/")
+        sizes = {k: sum(listed.get(f, 0) for f in fs) for k, fs in files.items()}
         if any(sizes.values()):
             return sizes
     return dict(zip(keys, plan.get("bytes") or []))

@@ -194,8 +194,12 @@ class DataRoot:
             found = self.fs.find(base)
         except FileNotFoundError:
             return []
+        return sorted(self._key(str(p)) for p in found)
+
+    def _key(self, path: str) -> str:
+        """The root-relative key of a backend ``path`` under this root (``path`` as is otherwise)."""
         root = self.base + "/"
-        return sorted(p[len(root):] if p.startswith(root) else p for p in (str(x) for x in found))
+        return path[len(root):] if path.startswith(root) else path
 
     def sizes(self, prefix: str) -> dict[str, int]:
         """``{key: bytes}`` of every file under ``prefix`` (recursive), from one listing
@@ -207,9 +211,7 @@ class DataRoot:
             found = self.fs.find(base, detail=True)
         except FileNotFoundError:
             return {}
-        root = self.base + "/"
-        return {(p[len(root):] if p.startswith(root) else p): int(info.get("size") or 0)
-                for p, info in ((str(k), v) for k, v in sorted(found.items()))}
+        return {self._key(str(p)): int(info.get("size") or 0) for p, info in sorted(found.items())}
 
     def glob(self, pattern: str) -> list[str]:
         """Keys matching a glob ``pattern`` relative to the root (``snapshots/*/manifest.yaml``), sorted."""
