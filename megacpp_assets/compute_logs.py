@@ -93,7 +93,6 @@ class _Follower:
         try:
             self._file.seek(start)
             self._stop = threading.Event()
-            self._lock = threading.Lock()
             self._thread = threading.Thread(target=self._run, name="megacpp-log-follower", daemon=True)
             self._thread.start()
         except BaseException:
@@ -102,13 +101,14 @@ class _Follower:
             raise
 
     def _copy(self) -> None:
-        with self._lock:
-            while self._mirror >= 0 and (chunk := self._file.read(CHUNK)):
-                try:
-                    _write_all(self._mirror, chunk)
-                except OSError:
-                    os.close(self._mirror)
-                    self._mirror = -1
+        """Copy what the file gained; called by the thread, then by :meth:`stop` once the
+        thread has ended (never both at once)."""
+        while self._mirror >= 0 and (chunk := self._file.read(CHUNK)):
+            try:
+                _write_all(self._mirror, chunk)
+            except OSError:
+                os.close(self._mirror)
+                self._mirror = -1
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
