@@ -109,6 +109,7 @@ class _ProbeWorker:
         return {"pid": os.getpid(), "ppid": os.getppid(), "var": os.environ.get(var), "cwd": os.getcwd(),
                 "preloaded": "networkx" in sys.modules,  # nothing here imports networkx
                 "frozen": gc.get_freeze_count(),  # objects out of the collector's full collections
+                "collecting": gc.isenabled(),  # the server imports with it off (fork_preload)
                 "frozen_at_start": run_workers.FROZEN_AT_START}  # those the fork server froze
 
 
@@ -133,6 +134,7 @@ def test_workers_fork_from_the_preloaded_server_with_the_callers_environment(tmp
     assert all(g["preloaded"] for g in got)
     assert all(g["frozen_at_start"] > 100_000 for g in got)  # the preloaded modules' objects, frozen in the server
     assert all(g["frozen"] > g["frozen_at_start"] for g in got)  # and the worker's own state, once built
+    assert all(g["collecting"] for g in got)  # on again in every worker
     assert all(g["var"] == "set after the fork server started" and g["cwd"] == str(tmp_path) for g in got)
     monkeypatch.delenv("MEGACPP_PROBE")
     with WorkerPool(1, _ProbeWorker, ()) as pool:  # a variable removed since: gone in the worker too

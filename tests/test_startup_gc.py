@@ -1,0 +1,90 @@
+"""The garbage collector of a ``megacpp run`` process and of its fork server: off while
+they import and build their state, those objects then frozen out of later full
+collections, the collector on again for the run and in every worker
+(:func:`megacpp_assets.cli.startup_gc`, :mod:`megacpp_assets.fork_preload`)."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+
+from .conftest import environ, make_data_root, write_instance_config
+
+
+@pytest.fixture(autouse=True)
+def _collector_restored():
+    enabled = gc.isenabled()
+    yield
+    gc.unfreeze()
+    if enabled:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+def test_startup_gc_is_off_until_settled_then_freezes_and_gives_everything_back():
+    from megacpp_assets.cli import startup_gc
+
+    gc.enable()
+    with startup_gc() as settled:
+        assert not gc.isenabled()  # start-up: no automatic collection
+        kept = [[i] for i in range(5_000)]  # long-lived start-up state
+        settled()
+        assert gc.isenabled()
+        frozen = gc.get_freeze_count()
+        assert frozen >= len(kept)  # out of every later full collection
+        settled()  # a second call changes nothing
+        assert gc.isenabled() and gc.get_freeze_count() == frozen
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # given back to the collector
+
+
+def test_startup_gc_restores_the_collector_after_an_error_or_without_settling():
+    from megacpp_assets.cli import startup_gc
+
+    gc.enable()
+    with pytest.raises(RuntimeError):
+        with startup_gc():
+            raise RuntimeError("start-up failed")
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()  # a caller that had it off keeps it off, settled or not
+    with startup_gc() as settled:
+        settled()
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+    assert not gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_run_snapshot_runs_its_passes_with_the_start_up_frozen_and_leaves_the_collector_as_found(
+        tmp_path, monkeypatch):
+    """The passes start with the collector on and Dagster's objects (the asset graph, the
+    instance) frozen; afterwards the process's collector is as it was, nothing frozen."""
+    from dagster import DagsterInstance
+
+    from megacpp_assets import snapshot_run
+    from megacpp_assets.cli import run_snapshot
+
+    seen = {}
+
+    def passes(run, workers):
+        seen.update(enabled=gc.isenabled(), frozen=gc.get_freeze_count(), jobs=run.snapshot_job is not None)
+        return True
+
+    monkeypatch.setattr(snapshot_run, "run_passes", passes)
+    root = make_data_root(tmp_path / "root")
+    home = tmp_path / "home"
+    home.mkdir()
+    write_instance_config(home)
+    saved = os.environ.get("MEGACPP_DATA_ROOT")
+    gc.enable()
+    try:
+        with environ(DAGSTER_HOME=str(home)), DagsterInstance.get() as instance:
+            assert run_snapshot("tiny", str(root), instance=instance) == 0
+    finally:
+        if saved is None:
+            os.environ.pop("MEGACPP_DATA_ROOT", None)
+        else:
+            os.environ["MEGACPP_DATA_ROOT"] = saved
+    assert seen["jobs"] and seen["enabled"]
+    assert seen["frozen"] > 100_000  # Dagster, the stages and the asset graph
+    assert gc.isenabled() and gc.get_freeze_count() == 0
