@@ -217,18 +217,23 @@ class WorkerPool:
         return self
 
     def run_units(self, units: Iterable[tuple[str, tuple]],
-                  done: Callable[[str, tuple, object], tuple[bool, list[tuple[str, tuple]]]]) -> bool:
+                  done: Callable[[str, tuple, object], tuple[bool, list[tuple[str, tuple]]]],
+                  priority: Callable[[tuple[str, tuple]], object] | None = None) -> bool:
         """Run ``(method, args)`` units on the workers, at most ``n`` at once. After each,
         ``done(method, args, result)`` (in this process) says whether it succeeded and which
         units it releases; released units start before the ones queued earlier (depth
-        first). True when every unit succeeded; after the first failure (or exception) no
-        further unit starts and the running ones finish. An exception is printed."""
+        first), or, with ``priority``, the waiting unit with the largest ``priority(unit)``
+        starts first (ties in that same order). True when every unit succeeded; after the
+        first failure (or exception) no further unit starts and the running ones finish.
+        An exception is printed."""
         pending = list(units)[::-1]
         running: dict = {}
         ok = True
         while pending or running:
             while ok and pending and len(running) < self.n:
-                method, args = pending.pop()
+                at = len(pending) - 1 if priority is None else max(range(len(pending)),
+                                                                    key=lambda j: (priority(pending[j]), j))
+                method, args = pending.pop(at)
                 try:
                     running[self._pool.submit(_call, method, *args)] = (method, args)
                 except BrokenExecutor as e:  # a started worker died before this unit (its start-up failed)

@@ -17,6 +17,7 @@ order units finish in (``tests/test_shards.py``).
 from __future__ import annotations
 
 import posixpath
+import re
 import sys
 import time
 
@@ -183,7 +184,9 @@ class SnapshotUnits:
     ``snapshot_job`` run per group of :func:`megacpp_core.stages.snapshot_groups`: a group
     starts once the groups it reads from are done, so no snapshot step waits for one it
     does not depend on (``p3_repo_dataset`` no longer waits for ``p2_file_dataset``); the
-    dataset card runs last, after every group."""
+    dataset card runs last, after every group. Of the groups that may start, the largest
+    starts first (:meth:`priority`, longest processing time first), so the pass does not
+    end on a large group while the other workers wait."""
 
     def __init__(self, run: SnapshotRun, n: int, plan: list[str]):
         self.n = n
@@ -192,8 +195,18 @@ class SnapshotUnits:
         if CARD in plan:
             self.groups.append(((CARD,), set(range(len(groups)))))
         self._index = {assets: i for i, (assets, _) in enumerate(self.groups)}
+        self._bytes = _read_bytes(run, [assets for assets, _ in self.groups])
         self._started: set[int] = set()
         self._done: set[int] = set()
+
+    def priority(self, unit: tuple) -> tuple[int, int]:
+        """The order key of a group's unit for :meth:`WorkerPool.run_units` (largest
+        first): the bytes of the per-revision and per-shard files its stages read
+        (:func:`_read_bytes`; on ``default`` they order the groups as their times do, but
+        for ``packed_rows`` and ``megatron_dataset``, which read the tokenized documents
+        both), ties in group order."""
+        i = self._index[unit[1][1]]
+        return self._bytes[i], -i
 
     def _release(self) -> list[tuple]:
         out = [i for i, (_, after) in enumerate(self.groups) if i not in self._started and after <= self._done]
@@ -271,6 +284,31 @@ class PassUnits:
             name = f"{self.run.manifest.name}/{self.run.manifest.sources[i - 1].name}"
             print(f"{self.run._tag(i)}   {name}: shards {self._current[i]} of {self._count[i]} current; skipped")
         return True, [("late", (self.n, i))] if self.late else []
+
+
+def _read_bytes(run: SnapshotRun, groups: list[tuple[str, ...]]) -> list[int]:
+    """Per group of snapshot assets, the bytes of the per-revision and per-shard files (or
+    directories) that its stages read, from one listing of the directory that holds them
+    all (the catalog's paths); 0 for a group that reads snapshot files alone (``blends``,
+    the card) or none written."""
+    by_asset = {s.asset: s for s in run.stages}
+    reads = [[d for a in g if a in by_asset for d in by_asset[a].inputs if d.scope is not Partitioning.SNAPSHOT]
+             for g in groups]
+    paths = sorted({d.path for ds in reads for d in ds})
+    if not paths:
+        return [0] * len(groups)
+    base = layout.snapshot_prefix(run.manifest.name) + "/"
+    fixed = posixpath.commonprefix([p.split("{", 1)[0] for p in paths])  # up to the first field
+    listed = run.root.sizes(base + fixed[:fixed.rfind("/") + 1])
+    fields = {"{source}": "[^/]+", "{shard}": "[^/]+"}
+    size = {}
+    for p in paths:
+        pattern = re.escape(p)
+        for field, any_name in fields.items():
+            pattern = pattern.replace(re.escape(field), any_name)
+        match = re.compile(pattern + "(/.+)?").fullmatch
+        size[p] = sum(n for k, n in listed.items() if match(k[len(base):]))
+    return [sum(size[d.path] for d in ds) for ds in reads]
 
 
 def _largest_archives_first(run: SnapshotRun) -> list[int]:
@@ -378,7 +416,7 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
             if plan:
                 t = time.perf_counter()
                 steps = SnapshotUnits(run, n, plan)
-                if not pool.run_units(steps.first(), steps.done):
+                if not pool.run_units(steps.first(), steps.done, steps.priority):
                     return False
                 print(f"pass {n}: snapshot steps in {len(steps.groups)} runs on {workers} workers in "
                       f"{time.perf_counter() - t:.1f}s", flush=True)

@@ -185,7 +185,7 @@ def test_a_started_pool_whose_workers_failed_to_start_fails_the_units_cleanly(ca
     assert "megacpp run: worker failed" in capsys.readouterr().err
 
 
-def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure():
+def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure(tmp_path):
     """The last pass's snapshot steps as units: the groups that read nothing planned start
     first, a group starts once those it reads from are done, the card after every group,
     and a failed group releases nothing (the workers then start no further unit)."""
@@ -193,8 +193,9 @@ def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure
 
     from megacpp_assets.snapshot_run import CARD, SnapshotUnits
     from megacpp_core.stages import STAGES, phases
+    from megacpp_core.storage import open_root
 
-    run = types.SimpleNamespace(stages=STAGES)
+    run = types.SimpleNamespace(stages=STAGES, manifest=types.SimpleNamespace(name="snap"), root=open_root(str(tmp_path)))
     plan = [s.asset for s in phases()[1].snapshot] + [CARD]
     u = SnapshotUnits(run, 2, plan)
     names = lambda units: sorted(a for _, (_, assets) in units for a in assets)  # noqa: E731
@@ -213,6 +214,51 @@ def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure
     u = SnapshotUnits(run, 2, plan)
     u.first()
     assert u.done("snapshot_group", (2, ("chunk_dedup",)), False) == (False, [])
+
+
+def test_snapshot_groups_that_may_start_go_largest_first_by_the_bytes_their_stages_read(tmp_path):
+    """Of the snapshot groups that may start, the one whose stages read the most bytes of
+    per-revision and per-shard files starts first (files of every source and shard, a
+    stage reading a file twice counts it twice; snapshot files do not count), ties in
+    group order; a pool with ``priority`` starts its waiting units in that order."""
+    import types
+
+    from megacpp_assets.snapshot_run import CARD, SnapshotUnits
+    from megacpp_core.stages import STAGES, phases
+    from megacpp_core.storage import open_root
+
+    snap = tmp_path / "snapshots" / "snap"
+    sizes = {"revisions/a/shards/000/families/p2_file.parquet": 50, "revisions/b/shards/000/families/p2_file.parquet": 60,
+             "revisions/a/families/p4_structure.parquet": 100, "revisions/b/families/p3_repo.parquet": 20,
+             "revisions/a/shards/001/chunks.parquet": 70, "revisions/a/shards/000/tokenized.parquet": 10,
+             "revisions/a/shards/000/families/p1_simple.parquet": 10, "revisions/b/shards/000/families/p1_docrich.parquet": 10,
+             "families/p3_repo/megatron/x.bin": 999, "tokenizer/tokenizer.json": 999}  # snapshot files: not counted
+    for key, n in sizes.items():
+        (snap / key).parent.mkdir(parents=True, exist_ok=True)
+        (snap / key).write_bytes(b"x" * n)
+    run = types.SimpleNamespace(stages=STAGES, manifest=types.SimpleNamespace(name="snap"), root=open_root(str(tmp_path)))
+    u = SnapshotUnits(run, 2, [s.asset for s in phases()[1].snapshot] + [CARD])
+    got = {assets: u.priority(("snapshot_group", (2, assets)))[0] for assets, _ in u.groups}
+    assert got == {("chunk_dedup",): 70, ("packed_rows", "megatron_dataset"): 20, ("p1_simple_dataset",): 10,
+                   ("p1_docrich_dataset",): 10, ("p2_file_dataset",): 110, ("p3_repo_dataset",): 20,
+                   ("p4_structure_dataset",): 100, ("blends",): 0, (CARD,): 0}
+    first = sorted(u.first(), key=u.priority, reverse=True)
+    assert [assets for _, (_, assets) in first] == [("p2_file_dataset",), ("p4_structure_dataset",), ("chunk_dedup",),
+                                                    ("p3_repo_dataset",)]
+    assert u.priority(("snapshot_group", (2, ("p1_simple_dataset",)))) > u.priority(
+        ("snapshot_group", (2, ("p1_docrich_dataset",))))  # a tie: group order
+
+    from megacpp_assets.run_workers import WorkerPool
+
+    order = []
+
+    def done(method, args, result):
+        order.append(args[0])
+        return True, ([("pid", (k,)) for k in (7, 9, 8)] if args[0] == 5 else [])
+
+    with WorkerPool(1, _PidWorker, ()) as pool:  # one worker: units start in the order they are picked
+        assert pool.run_units([("pid", (k,)) for k in (1, 5, 3)], done, priority=lambda unit: unit[1][0])
+    assert order == [5, 9, 8, 7, 3, 1]  # the largest waiting first, released units included
 
 
 def test_a_pass_without_early_units_starts_its_largest_shards_first_across_revisions(tmp_path):
