@@ -202,9 +202,9 @@ class SnapshotUnits:
     def priority(self, unit: tuple) -> tuple[int, int]:
         """The order key of a group's unit for :meth:`WorkerPool.run_units` (largest
         first): the bytes of the per-revision and per-shard files its stages read
-        (:func:`_read_bytes`; on ``default`` they order the groups as their times do, but
-        for ``packed_rows`` and ``megatron_dataset``, which read the tokenized documents
-        both), ties in group order."""
+        (:func:`_read_bytes`), ties in group order. On ``default`` the bytes order the
+        groups as their times do, except ``packed_rows`` with ``megatron_dataset``, which
+        both read the tokenized documents and so come first, though third by time."""
         i = self._index[unit[1][1]]
         return self._bytes[i], -i
 
