@@ -128,6 +128,34 @@ def test_shingle_hashes_follow_the_documented_tokenizer(lz4_texts):
         mh.signatures(["bad \ud800 surrogate"])
 
 
+def _token_hash(token: bytes) -> int:
+    h, p = 0, 1
+    for byte in token:
+        h = (h + byte * p) % (1 << 64)
+        p = p * mh.P_TOKEN % (1 << 64)
+    return h
+
+
+def test_token_hashes_are_the_documented_polynomial_for_short_and_very_long_tokens():
+    """Horner's rule over the tokens sorted by length equals ``Σ byte_j · P^j`` token by
+    token, in the order given: tokens shorter than, equal to and longer than
+    :data:`HORNER_STEPS` (their tails summed at once), and one past 65,535 bytes (lengths
+    that do not fit the radix sort's ``uint16``)."""
+    rng = random.Random(7)
+    sizes = [1, 2, mh.HORNER_STEPS - 1, mh.HORNER_STEPS, mh.HORNER_STEPS + 1, 3 * mh.HORNER_STEPS, 70_000]
+    sizes += [rng.randint(1, 2 * mh.HORNER_STEPS) for _ in range(200)]
+    rng.shuffle(sizes)
+    tokens = [bytes(rng.choice(b"azAZ09_") for _ in range(n)) for n in sizes]
+    buf = np.frombuffer(b" ".join(tokens), dtype=np.uint8)
+    starts = np.cumsum([0] + [len(t) + 1 for t in tokens[:-1]]).astype(np.int64)
+    got = mh.token_hashes(buf, starts, np.array(sizes, dtype=np.int64))
+    assert got.dtype == np.uint64 and got.tolist() == [_token_hash(t) for t in tokens]
+    assert mh.token_hashes(buf, starts[:0], starts[:0]).size == 0
+    text = "x " * 4 + "y" * (mh.HORNER_STEPS + 5) + " z"  # one shingle through a long token
+    hv, off = mh.shingle_hashes([text])
+    assert hv.tolist() == [mh.shingle_hash32(s) for s in shingles(text)]
+
+
 def test_batching_does_not_change_signatures(lz4_texts, monkeypatch):
     whole = mh.signatures(lz4_texts)
     monkeypatch.setattr(mh, "BATCH_BYTES", 1000)
