@@ -44,23 +44,11 @@ BACKEND = "raw"
 #: (:data:`megacpp_core.kept.DOCUMENT_ORDER_COLUMNS`); FIM moves ids by ``doc_key`` and length alone.
 COLUMNS = ["doc_key", "text", "input_ids"]
 
-#: The byte table of the snapshot tokenizer as one arrow array (index = id), by its
-#: sha256: one at a time.
-_BYTES: dict[str, pa.LargeBinaryArray] = {}
-
-
 def token_bytes(tok, tokenizer_sha256: str | None) -> pa.LargeBinaryArray:
-    """The bytes of every id of ``tok`` (:func:`megacpp_core.fim.token_byte_table`,
-    through the per-process cache of :func:`megacpp_core.tokenize.byte_table`) as one
-    ``LargeBinaryArray``, kept per process by ``tokenizer_sha256``."""
-    got = _BYTES.get(tokenizer_sha256) if tokenizer_sha256 else None
-    if got is None:
-        table, _ = tokenize.byte_table(tok, tokenizer_sha256)
-        got = pa.array(table, pa.large_binary())
-        if tokenizer_sha256:
-            _BYTES.clear()
-            _BYTES[tokenizer_sha256] = got
-    return got
+    """The bytes of every id of ``tok`` (:func:`megacpp_core.fim.token_byte_table`) as one
+    ``LargeBinaryArray``, kept per process by ``tokenizer_sha256``
+    (:func:`megacpp_core.tokenize.byte_array`)."""
+    return tokenize.byte_array(tok, tokenizer_sha256)
 
 
 def gate_tokenizer(ctx, tokenizer_sha256: str):
@@ -80,7 +68,7 @@ def gate_tokenizer(ctx, tokenizer_sha256: str):
     return tok if info["sha256"] == tokenizer_sha256 else None
 
 
-#: :func:`token_byte_lengths` of the byte table in :data:`_BYTES`, by the same sha256.
+#: :func:`token_byte_lengths` of the byte table of :func:`token_bytes`, by the same sha256.
 _WIDTHS: dict[str, np.ndarray] = {}
 
 

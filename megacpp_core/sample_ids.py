@@ -155,16 +155,39 @@ def after_header(tok, tokenizer_sha256: str, header: str, text: str, ids: np.nda
     return np.concatenate([np.asarray(head[:-1], np.uint32), np.asarray(ids, np.uint32)])
 
 
-def verified(tok, texts: Sequence[str], ids: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+def verified(tok, texts: Sequence[str], ids: Sequence[np.ndarray | None],
+             tokenizer_sha256: str | None = None) -> list[np.ndarray | None]:
     """``ids`` with every entry that does not decode to its text (``texts[i]``) replaced by
     None (that text is then encoded): a cheap guard against a damaged ``sample_ids`` file
-    (decoding is a table lookup per token; the sha256 checks of :func:`read` guard the
-    text and the tokenizer)."""
+    (the sha256 checks of :func:`read` guard the text and the tokenizer).
+
+    The tokenizer is byte-level, so ids decode to a text exactly when their bytes are its
+    UTF-8: the bytes of all entries' ids are gathered with one arrow ``take`` of the
+    tokenizer's byte table (:func:`megacpp_core.tokenize.byte_array`, kept per process
+    by ``tokenizer_sha256``; the tokenize stage builds the same table) and each entry's
+    are compared with its text's, instead of decoding every entry to a Python string
+    (``decode_batch``: 0.25–0.27 s for the 735 sample files of ``default``, against
+    0.07–0.12 s). An id outside the vocabulary makes its entry None."""
+    from .tokenize import byte_array
+
     todo = [i for i, x in enumerate(ids) if x is not None]
     out = list(ids)
-    if todo:
-        back = tok.decode_batch([ids[i].tolist() for i in todo], skip_special_tokens=False)
-        for i, b in zip(todo, back):
-            if b != texts[i]:
-                out[i] = None
+    if not todo:
+        return out
+    table = byte_array(tok, tokenizer_sha256)
+    sizes = np.array([len(ids[i]) for i in todo], dtype=np.int64)
+    bounds = np.zeros(len(todo) + 1, np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    flat = np.concatenate([np.asarray(ids[i], dtype=np.int64) for i in todo]) if bounds[-1] else np.zeros(0, np.int64)
+    outside = (flat < 0) | (flat >= len(table))
+    bad = np.zeros(len(todo), bool)
+    if outside.any():
+        bad[np.searchsorted(bounds, np.flatnonzero(outside), side="right") - 1] = True
+        flat = np.where(outside, 0, flat)
+    got = pc.take(table, pa.array(flat))
+    offsets = np.frombuffer(got.buffers()[1], np.int64, count=len(got) + 1, offset=got.offset * 8)[bounds].tolist()
+    data = got.buffers()[2].to_pybytes() if got.buffers()[2] is not None else b""
+    for k, i in enumerate(todo):
+        if bad[k] or data[offsets[k]:offsets[k + 1]] != texts[i].encode("utf-8", "surrogatepass"):
+            out[i] = None
     return out

@@ -127,6 +127,22 @@ def byte_table(tok, sha256: str | None = None) -> tuple[list[bytes], np.ndarray]
     return out
 
 
+_BYTE_ARRAYS: dict[str, pa.LargeBinaryArray] = {}
+
+
+def byte_array(tok, sha256: str | None = None) -> pa.LargeBinaryArray:
+    """:func:`byte_table`'s bytes of every id as one arrow ``LargeBinaryArray`` (index =
+    id), for gathering the bytes of many ids with one ``take``; kept per process by the
+    tokenizer's sha256 when given (the latest tokenizer's only)."""
+    got = _BYTE_ARRAYS.get(sha256) if sha256 else None
+    if got is None:
+        got = pa.array(byte_table(tok, sha256)[0], pa.large_binary())
+        if sha256:
+            _BYTE_ARRAYS.clear()
+            _BYTE_ARRAYS[sha256] = got
+    return got
+
+
 def token_char_spans(text: str, ids: np.ndarray, table: list[bytes], lengths: np.ndarray,
                      doc_key: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Character span ``[start, end)`` of every token of a BOS-prefixed document.

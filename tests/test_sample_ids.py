@@ -243,7 +243,43 @@ def test_ids_that_do_not_spell_their_text_are_not_used(tiny_run, tmp_path):
 
 
 def test_verified_keeps_only_ids_that_decode_to_their_text(tiny):
-    _, tok, _ = tiny
+    _, tok, sha = tiny
     ids = [tk.encode(tok, "int a;"), tk.encode(tok, "int b;"), None]
-    got = sample_ids.verified(tok, ["int a;", "int a;", "x"], ids)
-    assert got[0] is ids[0] and got[1] is None and got[2] is None
+    for digest in (sha, None):  # the byte table kept per process by the sha256, or built for the call
+        got = sample_ids.verified(tok, ["int a;", "int a;", "x"], ids, digest)
+        assert got[0] is ids[0] and got[1] is None and got[2] is None
+
+
+def test_verified_agrees_with_the_tokenizers_decode_on_real_and_damaged_ids(tiny):
+    """On the ``tiny`` sample's files, whole and damaged (an id changed, dropped or added,
+    an id outside the vocabulary, another file's ids, a multi-byte character split), an
+    entry is kept exactly when the tokenizer's own ``decode`` gives its text; an empty
+    text with no ids is kept."""
+    import random
+
+    lay, tok, sha = tiny
+    kept = lay.kept_files(["doc_key", "text"])
+    texts = kept.column("text").to_pylist()[:40] + ["", "é — ü", "x"]
+    good = [tk.encode(tok, t) for t in texts]
+    rng = random.Random(5)
+    ids, want_texts = [], []
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    for i, (t, x) in enumerate(zip(texts, good)):
+        ids.append(x)
+        want_texts.append(t)
+        if x.size:
+            for damaged in (np.delete(x, rng.randrange(x.size)), np.append(x, x[:1]),
+                            np.where(np.arange(x.size) == rng.randrange(x.size), (x + 1) % vocab, x).astype(np.uint32),
+                            np.append(x, np.uint32(vocab + 7)), good[(i + 1) % len(good)]):
+                ids.append(damaged)
+                want_texts.append(t)
+    split = np.array(tok.encode("é", add_special_tokens=False).ids, np.uint32)
+    bytes_e = [tok.id_to_token(int(j)) for j in split]
+    ids.append(split[:1] if len(bytes_e) > 1 else split)
+    want_texts.append("é")
+    got = sample_ids.verified(tok, want_texts, ids, sha)
+    for t, x, g in zip(want_texts, ids, got):
+        in_vocab = bool((x < vocab).all())
+        expect = in_vocab and tok.decode(x.tolist(), skip_special_tokens=False) == t
+        assert (g is x) == expect, (t[:40], x[:10])
+    assert sum(g is not None for g in got) >= len(texts)  # every whole entry kept

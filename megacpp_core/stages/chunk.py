@@ -252,7 +252,7 @@ def compute(ctx) -> Result:
     sha = info["sha256"]
     ids_memo.MEMO.begin(sha)  # the whole files' ids, for tokenize in this step (ids_memo)
     known = sample_ids.verified(tok, d["text"], sample_ids.read(ctx.input("tokenizer_sample_ids"), d["doc_key"],
-                                                                 d["content_sha256"], sha))
+                                                                 d["content_sha256"], sha), sha)
     cols, tally = chunk_rows(d, tok, sha, budget, enriching, lane_edges,
                              keep_ids=lambda text, ids: ids_memo.MEMO.put(sha, text, ids), known_ids=known)
     parse_errors, brace_files, fallback = tally["parse_errors"], tally["brace_files"], tally["fallback_splits"]

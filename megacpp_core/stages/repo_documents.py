@@ -150,7 +150,8 @@ def _sample_bodies(tok, tokenizer_sha256: str, ref, keys: dict[str, str],
     paths = sorted(files)
     texts = [files[p][1] for p in paths]
     shas = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts]
-    known = sample_ids.verified(tok, texts, sample_ids.read(ref, [keys[p] for p in paths], shas, tokenizer_sha256))
+    known = sample_ids.verified(tok, texts, sample_ids.read(ref, [keys[p] for p in paths], shas, tokenizer_sha256),
+                                tokenizer_sha256)
     out = {}
     for p, ids in zip(paths, known):
         body = None if ids is None else sample_ids.after_header(tok, tokenizer_sha256, p, files[p][1], ids)
