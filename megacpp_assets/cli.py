@@ -147,8 +147,11 @@ def startup_gc():
     ``default``, four of them (0.23 s) before the first pass, on the way to the first
     worker's start, and each later one in this process (the pass-1 snapshot steps and the
     tokenizer run here) walked them all again (two, 0.29 s). A process that has not
-    called the function when the block ends just gets its collector back."""
+    called the function when the block ends just gets its collector back. A process that
+    had frozen objects of its own before the block (``gc.unfreeze`` would thaw those too)
+    is left frozen as it was: the block neither freezes nor unfreezes there."""
     enabled = gc.isenabled()
+    ours = gc.get_freeze_count() == 0  # nothing frozen yet: what is frozen below is ours to give back
     frozen = []
     gc.disable()
 
@@ -156,7 +159,8 @@ def startup_gc():
         if frozen:
             return
         gc.collect()
-        gc.freeze()
+        if ours:
+            gc.freeze()
         frozen.append(True)
         if enabled:
             gc.enable()
@@ -164,7 +168,7 @@ def startup_gc():
     try:
         yield settled
     finally:
-        if frozen:
+        if frozen and ours:
             gc.unfreeze()
         if enabled:
             gc.enable()

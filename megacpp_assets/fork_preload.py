@@ -26,7 +26,8 @@ though reference counting still does.
 
 The collector is off from before the imports to the freeze, as Python's documentation of
 ``gc.freeze`` advises for a process that forks without ``exec`` (``gc.disable()`` early,
-``gc.freeze()`` before the forks, the collector on again in the children): the imports
+``gc.freeze()`` before the forks; it is on again before the first fork, so every worker
+collects): the imports
 make few garbage cycles but millions of objects, so the automatic full collections their
 allocations triggered walked ever more objects for little — on ``default``, seven of them
 took 0.70 s of the server's 2.8 s of imports, and a last explicit one before the freeze

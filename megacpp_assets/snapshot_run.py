@@ -290,7 +290,8 @@ def _read_bytes(run: SnapshotRun, groups: list[tuple[str, ...]]) -> list[int]:
     """Per group of snapshot assets, the bytes of the per-revision and per-shard files (or
     directories) that its stages read, from one listing of the directory that holds them
     all (the catalog's paths); 0 for a group that reads snapshot files alone (``blends``,
-    the card) or none written."""
+    the card) or none written, and 0 for every group when the listing fails with an
+    ``OSError`` (the order is only an order: the steps then report the storage's error)."""
     by_asset = {s.asset: s for s in run.stages}
     reads = [[d for a in g if a in by_asset for d in by_asset[a].inputs if d.scope is not Partitioning.SNAPSHOT]
              for g in groups]
@@ -299,7 +300,10 @@ def _read_bytes(run: SnapshotRun, groups: list[tuple[str, ...]]) -> list[int]:
         return [0] * len(groups)
     base = layout.snapshot_prefix(run.manifest.name) + "/"
     fixed = posixpath.commonprefix([p.split("{", 1)[0] for p in paths])  # up to the first field
-    listed = run.root.sizes(base + fixed[:fixed.rfind("/") + 1])
+    try:
+        listed = run.root.sizes(base + fixed[:fixed.rfind("/") + 1])
+    except OSError:
+        return [0] * len(groups)
     fields = {"{source}": "[^/]+", "{shard}": "[^/]+"}
     size = {}
     for p in paths:

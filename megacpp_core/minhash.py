@@ -196,8 +196,8 @@ def token_hashes(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np
     """``h = Σ_j buf[start + j] · P^j mod 2^64`` (module doc) of every token, ``uint64[n]``
     in the order given: ``buf`` ``uint8``, ``starts`` and ``lengths`` (each ≥ 1) ``int64[n]``.
 
-    Horner's rule run over all tokens at once: sorted longest first (a stable radix sort
-    of the lengths), position ``j`` adds ``buf[start + j] · P^j`` to the leading tokens
+    Horner's rule run over all tokens at once: sorted longest first (a stable sort of the
+    lengths, numpy's radix sort below 65,536 bytes), position ``j`` adds ``buf[start + j] · P^j`` to the leading tokens
     longer than ``j``, a prefix of that order, so each step is one gather and one
     multiply-add and the steps together touch each token byte once. Positions from
     :data:`HORNER_STEPS` on, in the few longer tokens, are added in one gather and one

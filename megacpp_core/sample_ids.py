@@ -157,17 +157,23 @@ def after_header(tok, tokenizer_sha256: str, header: str, text: str, ids: np.nda
 
 def verified(tok, texts: Sequence[str], ids: Sequence[np.ndarray | None],
              tokenizer_sha256: str | None = None) -> list[np.ndarray | None]:
-    """``ids`` with every entry that does not decode to its text (``texts[i]``) replaced by
-    None (that text is then encoded): a cheap guard against a damaged ``sample_ids`` file
-    (the sha256 checks of :func:`read` guard the text and the tokenizer).
+    """``ids`` with every entry whose ids' bytes are not exactly its text's UTF-8
+    (``texts[i]``) replaced by None (that text is then encoded): a cheap guard against a
+    damaged ``sample_ids`` file (the sha256 checks of :func:`read` guard the text and the
+    tokenizer).
 
-    The tokenizer is byte-level, so ids decode to a text exactly when their bytes are its
+    The tokenizer is byte-level, so ids encode a text exactly when their bytes are its
     UTF-8: the bytes of all entries' ids are gathered with one arrow ``take`` of the
     tokenizer's byte table (:func:`megacpp_core.tokenize.byte_array`, kept per process
     by ``tokenizer_sha256``; the tokenize stage builds the same table) and each entry's
     are compared with its text's, instead of decoding every entry to a Python string
     (``decode_batch``: 0.25–0.27 s for the 735 sample files of ``default``, against
-    0.07–0.12 s). An id outside the vocabulary makes its entry None."""
+    0.07–0.12 s). Stricter than comparing the decoded string, which kept ids whose bytes
+    are not UTF-8 when the text held the U+FFFD that the lossy decode puts there, and
+    ids outside the vocabulary, which the decode skips: such an entry, a negative id and
+    a text that is not UTF-8 (a lone surrogate) give None now; an entry of the
+    tokenizer's own encoding of its text is kept either way, so the ids used, and the
+    outputs, are the same."""
     from .tokenize import byte_array
 
     todo = [i for i, x in enumerate(ids) if x is not None]
@@ -188,6 +194,10 @@ def verified(tok, texts: Sequence[str], ids: Sequence[np.ndarray | None],
     offsets = np.frombuffer(got.buffers()[1], np.int64, count=len(got) + 1, offset=got.offset * 8)[bounds].tolist()
     data = got.buffers()[2].to_pybytes() if got.buffers()[2] is not None else b""
     for k, i in enumerate(todo):
-        if bad[k] or data[offsets[k]:offsets[k + 1]] != texts[i].encode("utf-8", "surrogatepass"):
+        try:
+            same = not bad[k] and data[offsets[k]:offsets[k + 1]] == texts[i].encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no ids encode it
+            same = False
+        if not same:
             out[i] = None
     return out

@@ -248,6 +248,14 @@ def test_snapshot_groups_that_may_start_go_largest_first_by_the_bytes_their_stag
     assert u.priority(("snapshot_group", (2, ("p1_simple_dataset",)))) > u.priority(
         ("snapshot_group", (2, ("p1_docrich_dataset",))))  # a tie: group order
 
+    def refuse(prefix):
+        raise PermissionError(f"listing {prefix} refused")
+
+    # a listing that fails leaves the order to the groups' order; the steps report the error
+    broken = types.SimpleNamespace(stages=STAGES, manifest=run.manifest, root=types.SimpleNamespace(sizes=refuse))
+    u = SnapshotUnits(broken, 2, [s.asset for s in phases()[1].snapshot] + [CARD])
+    assert [u.priority(("snapshot_group", (2, a)))[0] for a, _ in u.groups] == [0] * len(u.groups)
+
     from megacpp_assets.run_workers import WorkerPool
 
     order = []

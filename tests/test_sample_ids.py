@@ -283,3 +283,13 @@ def test_verified_agrees_with_the_tokenizers_decode_on_real_and_damaged_ids(tiny
         expect = in_vocab and tok.decode(x.tolist(), skip_special_tokens=False) == t
         assert (g is x) == expect, (t[:40], x[:10])
     assert sum(g is not None for g in got) >= len(texts)  # every whole entry kept
+    # stricter than the decode: ids whose bytes are not UTF-8 against a text holding the
+    # U+FFFD the lossy decode gives, ids outside the vocabulary the decode skips, and a
+    # text that is not UTF-8 are all encoded again
+    lossy = split[:1] if len(bytes_e) > 1 else np.array([], np.uint32)
+    x = tk.encode(tok, "x")
+    odd = [lossy, np.append(x, np.uint32(vocab)), np.array([-1], np.int64), tk.encode(tok, "a")]
+    odd_texts = ["\ufffd", "x", "x", "\ud800"]
+    if lossy.size:
+        assert tok.decode(lossy.tolist(), skip_special_tokens=False) == "\ufffd"
+    assert sample_ids.verified(tok, odd_texts, odd, sha) == [None] * 4

@@ -55,6 +55,19 @@ def test_startup_gc_restores_the_collector_after_an_error_or_without_settling():
     assert not gc.isenabled() and gc.get_freeze_count() == 0
 
 
+def test_startup_gc_leaves_a_process_that_froze_its_own_objects_as_it_was():
+    from megacpp_assets.cli import startup_gc
+
+    gc.enable()
+    gc.freeze()  # the process's own frozen state (a fork server's, an embedding program's)
+    before = gc.get_freeze_count()
+    assert before > 0
+    with startup_gc() as settled:
+        settled()
+        assert gc.isenabled() and gc.get_freeze_count() == before
+    assert gc.isenabled() and gc.get_freeze_count() == before  # not thawed by the block
+
+
 def test_run_snapshot_runs_its_passes_with_the_start_up_frozen_and_leaves_the_collector_as_found(
         tmp_path, monkeypatch):
     """The passes start with the collector on and Dagster's objects (the asset graph, the
