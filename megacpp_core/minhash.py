@@ -197,9 +197,10 @@ def token_hashes(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np
     in the order given: ``buf`` ``uint8``, ``starts`` and ``lengths`` (each ≥ 1) ``int64[n]``.
 
     Horner's rule run over all tokens at once: sorted longest first (a stable sort of the
-    lengths, numpy's radix sort below 65,536 bytes), position ``j`` adds ``buf[start + j] · P^j`` to the leading tokens
-    longer than ``j``, a prefix of that order, so each step is one gather and one
-    multiply-add and the steps together touch each token byte once. Positions from
+    lengths, numpy's radix sort below 65,536 bytes), position ``j`` adds
+    ``buf[start + j] · P^j`` to the leading tokens longer than ``j``, a prefix of that
+    order, so each step is one gather and one multiply-add and the steps together touch
+    each token byte once. Positions from
     :data:`HORNER_STEPS` on, in the few longer tokens, are added in one gather and one
     ``np.add.reduceat``. Gathering every byte with its power and reducing per token, as
     :func:`shingle_hashes` did before, made it take twice as long on the default corpus
