@@ -62,10 +62,12 @@ def test_startup_gc_leaves_a_process_that_froze_its_own_objects_as_it_was():
     gc.freeze()  # the process's own frozen state (a fork server's, an embedding program's)
     before = gc.get_freeze_count()
     assert before > 0
+    # refcounting may still free a few frozen objects (the count shrinks by them); a thaw
+    # (gc.unfreeze) would empty the permanent generation, a freeze would grow it
     with startup_gc() as settled:
         settled()
-        assert gc.isenabled() and gc.get_freeze_count() == before
-    assert gc.isenabled() and gc.get_freeze_count() == before  # not thawed by the block
+        assert gc.isenabled() and before - 1000 < gc.get_freeze_count() <= before
+    assert gc.isenabled() and before - 1000 < gc.get_freeze_count() <= before  # not thawed by the block
 
 
 def test_run_snapshot_runs_its_passes_with_the_start_up_frozen_and_leaves_the_collector_as_found(
