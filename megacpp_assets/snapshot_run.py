@@ -304,14 +304,20 @@ def _read_bytes(run: SnapshotRun, groups: list[tuple[str, ...]]) -> list[int]:
         listed = run.root.sizes(base + fixed[:fixed.rfind("/") + 1])
     except OSError:
         return [0] * len(groups)
-    fields = {"{source}": "[^/]+", "{shard}": "[^/]+"}
-    size = {}
-    for p in paths:
-        pattern = re.escape(p)
-        for field, any_name in fields.items():
-            pattern = pattern.replace(re.escape(field), any_name)
-        match = re.compile(pattern + "(/.+)?").fullmatch
-        size[p] = sum(n for k, n in listed.items() if match(k[len(base):]))
+    def pattern(path: str) -> str:
+        out = re.escape(path)
+        for field in ("{source}", "{shard}"):
+            out = out.replace(re.escape(field), "[^/]+")
+        return out
+
+    # one pattern for every path (a named group each; none is a prefix of another), so the
+    # listing is walked once whatever the number of paths
+    alternatives = "|".join(f"(?P<p{j}>{pattern(p)})" for j, p in enumerate(paths))
+    match = re.compile(f"(?:{alternatives})(?:/.+)?").fullmatch
+    size = dict.fromkeys(paths, 0)
+    for k, n in listed.items():
+        if m := match(k[len(base):]):
+            size[paths[int(m.lastgroup[1:])]] += n
     return [sum(size[d.path] for d in ds) for ds in reads]
 
 
