@@ -20,6 +20,7 @@ settings fingerprint and the input versions it read.
 import hashlib
 import json
 import warnings
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from dagster import (
@@ -214,8 +215,15 @@ def _upstream_stages(stage: Stage, producers: dict[str, Stage]) -> list[Stage]:
     return list(seen.values())
 
 
-def to_result(stage: Stage, res: StageResult, root, extra_tags: dict[str, str] | None = None) -> MaterializeResult:
-    """A stage result as asset metadata, check results, data version and tags."""
+def to_result(stage: Stage, res: StageResult, root,
+              extra_tags: dict[str, str] | None = None) -> tuple[MaterializeResult, list[AssetCheckResult]]:
+    """A stage result as ``(its MaterializeResult: asset metadata, data version and tags;
+    one AssetCheckResult per declared check)``. The asset bodies yield the checks after the
+    result, each naming its asset and check, rather than inside it
+    (``MaterializeResult(check_results=...)``): for a check inside the result, Dagster
+    resolves the check's target materialization twice (one event-log query each time,
+    once to count the step's outputs and once to store the evaluation); for one yielded
+    with its asset key and check name, once. The stored events are the same."""
     md: dict[str, Any] = {k: metadata_value(v) for k, v in sorted(res.figures.items())}
     md.update({f"path_{k}": MetadataValue.path(v) for k, v in output_uris(root, res).items()})
     md["settings_fingerprint"] = MetadataValue.text(res.settings_fingerprint)
@@ -225,8 +233,7 @@ def to_result(stage: Stage, res: StageResult, root, extra_tags: dict[str, str] |
                                metadata={"detail": str(res.checks.get(c, (False, "not evaluated"))[1])})
               for c in stage.check_names]
     tags = {SETTINGS_TAG: res.settings_fingerprint, GATES_TAG: "passed" if res.ok else "failed", **(extra_tags or {})}
-    return MaterializeResult(asset_key=stage.asset, metadata=md, check_results=checks,
-                             data_version=DataVersion(res.data_version), tags=tags)
+    return MaterializeResult(asset_key=stage.asset, metadata=md, data_version=DataVersion(res.data_version), tags=tags), checks
 
 
 def partition_mapping(up: Partitioning, down: Partitioning):
@@ -270,9 +277,11 @@ def _asset_metadata(stage: Stage) -> dict:
             "settings": list(stage.settings)}
 
 
-def _materialize(context: AssetExecutionContext, stage: Stage, producers: dict[str, Stage]) -> tuple[MaterializeResult, bool]:
-    """Run ``stage`` on the context's partition: ``(its MaterializeResult, whether its gates
-    passed)``. The body of every generated asset, alone or in a group."""
+def _materialize(context: AssetExecutionContext, stage: Stage,
+                 producers: dict[str, Stage]) -> Generator[MaterializeResult | AssetCheckResult, None, bool]:
+    """Run ``stage`` on the context's partition and yield its MaterializeResult, then its
+    check results (:func:`to_result`). The body of every generated asset, alone or in a
+    group; returns whether the stage's gates passed."""
     root, manifest, partition = context.resources.data_root.resolve(context.partition_key, stage.partitioning)
     tools = {name: getattr(context.resources, name).tool() for name in stage.tools}
     sources = [s.name for s in manifest.sources]
@@ -284,7 +293,10 @@ def _materialize(context: AssetExecutionContext, stage: Stage, producers: dict[s
         context.log.info(f"{stage.asset} {partition.key}: {len(keys)} shard(s) {', '.join(keys)}")
     context.log.info(f"{stage.asset} {context.partition_key}: data version {res.data_version[:12]}, "
                      f"gates {'passed' if res.ok else 'FAILED'}")
-    return to_result(stage, res, root, {INPUTS_TAG: inputs}), res.ok
+    result, checks = to_result(stage, res, root, {INPUTS_TAG: inputs})
+    yield result
+    yield from checks
+    return res.ok
 
 
 def stage_asset(stage: Stage, producers: dict[str, Stage]):
@@ -295,8 +307,8 @@ def stage_asset(stage: Stage, producers: dict[str, Stage]):
            deps=_asset_deps(stage, producers), check_specs=_check_specs(stage), code_version=stage.code_version,
            kinds=set(stage.kinds), description=stage.description, required_resource_keys={"data_root", *stage.tools},
            metadata=_asset_metadata(stage), **heavy)
-    def _asset(context: AssetExecutionContext) -> MaterializeResult:
-        return _materialize(context, stage, producers)[0]
+    def _asset(context: AssetExecutionContext) -> Iterator[MaterializeResult | AssetCheckResult]:
+        yield from _materialize(context, stage, producers)
 
     return _asset
 
@@ -337,8 +349,7 @@ def stage_group_asset(group: tuple[Stage, ...], producers: dict[str, Stage]):
             for stage in group:
                 if AssetKey(stage.asset) not in selected:
                     continue
-                result, ok = _materialize(context, stage, producers)
-                yield result
+                ok = yield from _materialize(context, stage, producers)
                 if not ok:
                     return
         finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import sys
 
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
@@ -140,6 +141,40 @@ def test_a_run_can_select_one_stage_of_a_shared_step(tiny_run, tmp_path):
             == ["scrubbed_files"]
         evals = {e.asset_key.path[-1] for e in result.get_asset_check_evaluations()}
         assert evals == {"scrubbed_files"}
+
+
+@pytest.mark.integration
+def test_each_check_targets_its_materialization_with_one_lookup(tiny_run, tmp_path):
+    """Every check evaluation of a shared step points at the materialization of its own
+    asset in the run, and Dagster looks that materialization up once per check (the asset
+    bodies yield checks beside the MaterializeResult, not inside it, where each check is
+    looked up twice: :func:`megacpp_assets.factory.to_result`)."""
+    copy = _copy_of_tiny(tiny_run, tmp_path)
+    assets = ("quality_files", "license_files", "scrubbed_files")
+    with environ(MEGACPP_DATA_ROOT=str(copy)), DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
+        instance.add_dynamic_partitions("shard", ["000"])
+        lookups: list[str] = []
+        fetch = instance.fetch_materializations
+
+        def counted(records_filter, *args, **kwargs):  # Dagster's lookups for check results
+            if "asset_check" in sys._getframe(1).f_code.co_filename:
+                lookups.append(getattr(records_filter, "asset_key", records_filter).path[-1])
+            return fetch(records_filter, *args, **kwargs)
+
+        instance.fetch_materializations = counted
+        result = defs.resolve_job_def("shard_job").execute_in_process(
+            instance=instance, partition_key=SHARD, asset_selection=[AssetKey(a) for a in assets])
+        assert result.success
+        mats = {r.asset_key.path[-1]: r.storage_id for r in
+                (instance.fetch_materializations(AssetKey(a), limit=1).records[0] for a in assets)}
+        evals = result.get_asset_check_evaluations()
+        checks = {a: len(next(s for s in STAGES if s.asset == a).check_names) for a in assets}
+        assert len(evals) == sum(checks.values()) and all(e.passed for e in evals)
+        for e in evals:
+            assert e.target_materialization_data.storage_id == mats[e.asset_key.path[-1]], e.check_name
+        for a in assets:
+            assert lookups.count(a) == checks[a], (a, lookups)
 
 
 # ---------------------------------------------------------------- the materialization index
