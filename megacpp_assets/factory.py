@@ -291,8 +291,9 @@ def _materialize(context: AssetExecutionContext, stage: Stage,
     if any(d.scope is Partitioning.REVISION_SHARD for d in stage.outputs) and partition.shard is None:
         keys = register_shards(context.instance, root, partition.snapshot, partition.source)
         context.log.info(f"{stage.asset} {partition.key}: {len(keys)} shard(s) {', '.join(keys)}")
-    context.log.info(f"{stage.asset} {context.partition_key}: data version {res.data_version[:12]}, "
-                     f"gates {'passed' if res.ok else 'FAILED'}")
+    if not res.ok:  # a pass shows as the materialization's data version and its checks (no event of its own)
+        context.log.error(f"{stage.asset} {context.partition_key}: gates FAILED "
+                          f"({', '.join(c for c, (ok, _) in sorted(res.checks.items()) if not ok)})")
     result, checks = to_result(stage, res, root, {INPUTS_TAG: inputs})
     yield result
     yield from checks
