@@ -32,7 +32,11 @@ make few garbage cycles but millions of objects, so the automatic full collectio
 allocations triggered walked ever more objects for little — on ``default``, seven of them
 took 0.70 s of the server's 2.8 s of imports, and a last explicit one before the freeze
 0.16–0.27 s (it freed 3,500 objects of 360,000), all on the way to the first worker's
-start. What cycles the imports left are frozen with the rest, shared by every worker."""
+start. What cycles the imports left are frozen with the rest, shared by every worker.
+
+Last, the server makes the empty run database that every run database of a worker is
+copied from (:func:`megacpp_assets.instance_storage.run_template`), so no worker makes
+its own on the way to its first step."""
 
 from __future__ import annotations
 
@@ -61,6 +65,14 @@ for _name in PRELOAD:
     except Exception as _e:  # noqa: BLE001 — reported; the worker imports it again when needed
         print(f"megacpp run: the fork server could not import {_name} ({type(_e).__name__}: {_e}); "
               "workers import it themselves", file=sys.stderr)
+
+try:  # every worker's run databases are copies of it (instance_storage.run_template): made once, here
+    from megacpp_assets.instance_storage import run_template
+
+    run_template()
+except Exception as _e:  # noqa: BLE001 — reported; each worker then makes its own
+    print(f"megacpp run: the fork server could not make the run-database template ({type(_e).__name__}: {_e}); "
+          "workers make it themselves", file=sys.stderr)
 
 atexit.register(_exit_now)  # registered last: runs first
 gc.freeze()

@@ -197,7 +197,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     def _initdb(self, engine: sa.Engine, for_index_shard: bool = False) -> None:
         """Create a new run database as the stock ``_initdb`` does — Dagster's event-log
         tables, WAL mode, the alembic version table stamped at Dagster's head revision —
-        by writing a copy of a database made so once per process (:func:`_run_template`):
+        by writing a copy of a database made so once per process tree (:func:`run_template`):
         the stock method reads Dagster's ~90 alembic migration modules at each new database
         (about 70 ms a run here, the largest part of a run's start); with the tables
         created instead of copied, a new run database and its first event took about
@@ -458,17 +458,22 @@ def _create_run_tables(conn: sa.Connection, context: MigrationContext) -> None:
     conn.commit()
 
 
-#: ``(pid, bytes)`` of the empty run database this process made (:func:`_run_template`).
-_TEMPLATE: list[tuple[int, bytes]] = []
+#: The bytes of the empty run database (:func:`run_template`), once made.
+_TEMPLATE: list[bytes] = []
 
 
-def _run_template() -> bytes:
+def run_template() -> bytes:
     """The bytes of an empty run database (:func:`_create_run_tables`; WAL mode is recorded
-    in its header, and no ``-wal`` file is left), made once per process in a temporary
-    directory removed at once, and kept in memory (about 110 kB): a worker forked from the
-    fork server ends with ``os._exit``, so nothing may be left for exit handlers."""
-    if _TEMPLATE and _TEMPLATE[0][0] == os.getpid():
-        return _TEMPLATE[0][1]
+    in its header, and no ``-wal`` file is left), made in a temporary directory removed at
+    once and kept in memory (about 110 kB): a worker forked from the fork server ends with
+    ``os._exit``, so nothing may be left for exit handlers. Made once per process tree:
+    the bytes depend on Dagster's schema alone, so a forked child uses its parent's. The
+    fork server makes them before its first fork (:mod:`megacpp_assets.fork_preload`), and
+    ``megacpp run`` while it waits for the server: without them, the first run of each
+    process made them on its way to its first step (about 35 ms, and more than half of the
+    first run's start in a worker). Raises what SQLite and alembic raise."""
+    if _TEMPLATE:
+        return _TEMPLATE[0]
     with tempfile.TemporaryDirectory(prefix="megacpp-rundb-") as d:
         path = os.path.join(d, "run.db")
         engine = sa.create_engine(f"sqlite:///{path}", poolclass=sa.pool.NullPool)
@@ -479,7 +484,7 @@ def _run_template() -> bytes:
             engine.dispose()
         with open(path, "rb") as f:
             data = f.read()
-    _TEMPLATE[:] = [(os.getpid(), data)]
+    _TEMPLATE[:] = [data]
     return data
 
 
@@ -489,7 +494,7 @@ def _place_run_template(path: str) -> bool:
     another process placed one first). True when this call placed it."""
     tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
     with open(tmp, "wb") as f:
-        f.write(_run_template())
+        f.write(run_template())
     try:
         os.link(tmp, path)
         return True

@@ -192,7 +192,7 @@ def test_a_new_run_database_is_the_one_the_stock_storage_creates(tmp_path, monke
 
 
 def test_new_run_databases_are_copies_of_one_template_per_process(tmp_path, monkeypatch):
-    """The tables are created once per process (the template, kept in memory: a worker
+    """The tables are created once per process tree (the template, kept in memory: a worker
     forked from the fork server runs no exit handler); each new run database is a copy,
     placed without replacing a file another process put there first, and no temporary
     file or directory is left behind."""
@@ -223,6 +223,62 @@ def test_new_run_databases_are_copies_of_one_template_per_process(tmp_path, monk
         assert not list((tmp_path / "tmp").iterdir())  # nothing left for an exit handler to remove
     finally:
         pooled.dispose()
+
+
+def test_a_forked_child_copies_its_parents_template(tmp_path, monkeypatch):
+    """A process forked after the template was made (a worker of the fork server) creates
+    no tables of its own: its run databases are copies of the inherited bytes, with
+    Dagster's schema."""
+    from megacpp_assets import instance_storage
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    created = []
+    real = instance_storage._create_run_tables
+    monkeypatch.setattr(instance_storage, "_create_run_tables", lambda *a: (created.append(1), real(*a)))
+    monkeypatch.setattr(instance_storage, "_TEMPLATE", [])
+    template = instance_storage.run_template()
+    assert created == [1] and instance_storage.run_template() is template
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one new run database, then report how many times it made tables
+        code = 1
+        try:
+            os.close(read)
+            pooled = PooledSqliteEventLogStorage(str(tmp_path / "child"))
+            pooled.store_event(_entry("run-child", "from the child"))
+            ok = [e.user_message for e in pooled.get_logs_for_run("run-child")] == ["from the child"]
+            pooled.dispose()
+            os.write(write, f"{len(created)} {ok}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        report = f.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert report == "1 True"  # the parent's one creation, none in the child
+    base = tmp_path / "base"
+    pooled = PooledSqliteEventLogStorage(str(base))
+    try:
+        pooled.store_event(_entry("run-parent", "m"))
+    finally:
+        pooled.dispose()
+    assert _schema(tmp_path / "child" / "run-child.db") == _schema(base / "run-parent.db")
+
+
+def test_the_fork_server_makes_the_template_before_its_first_fork():
+    """``megacpp_assets.fork_preload`` (what the fork server imports) leaves the template
+    made, so every worker forked from it inherits the bytes."""
+    import subprocess
+    import sys
+
+    code = ("import megacpp_assets.fork_preload\n"
+            "from megacpp_assets import instance_storage\n"
+            "print(len(instance_storage._TEMPLATE), len(instance_storage._TEMPLATE[0]) > 10_000)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "True"], out.stdout + out.stderr
+    assert "run-database template" not in out.stderr
 
 
 def test_a_table_found_is_remembered_while_the_index_is_the_same_file(tmp_path, monkeypatch):
