@@ -153,14 +153,9 @@ def remap_chunks(chunks: list[dict], src: np.ndarray, edges: dict[str, list[dict
     return [p[2] for p in pieces], new_edges
 
 
-def token_byte_table(tok) -> list[bytes]:
-    """Bytes of every id of a byte-level BPE ``tokenizers.Tokenizer`` (index = id).
-
-    Added tokens map to their content's UTF-8, model tokens through the inverse of the
-    GPT-2 byte→unicode table used by the ByteLevel pre-tokenizer (a token with a character
-    outside that table maps to its UTF-8), ids without a token to ``b""``. The model
-    vocabulary is read in one call and each token mapped with ``str.translate``.
-    """
+def _byte_level_table() -> np.ndarray:
+    """uint16 ``code point -> byte`` of the GPT-2 byte→unicode table used by the ByteLevel
+    pre-tokenizer, inverted (index: code point, 0-323; ``_NO_BYTE`` where no byte maps)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs, k = bs[:], 0
     for b in range(256):
@@ -168,18 +163,49 @@ def token_byte_table(tok) -> list[bytes]:
             bs.append(b)
             cs.append(256 + k)
             k += 1
-    inv = {chr(c): b for b, c in zip(bs, cs)}
-    mapped = frozenset(inv)
-    to_latin1 = str.maketrans({c: chr(b) for c, b in inv.items()})
+    inv = np.full(max(cs) + 1, _NO_BYTE, dtype=np.uint16)
+    inv[cs] = bs
+    return inv
+
+
+_NO_BYTE = 0xFFFF
+_BYTE_OF = _byte_level_table()
+
+
+def token_byte_table(tok) -> list[bytes]:
+    """Bytes of every id of a byte-level BPE ``tokenizers.Tokenizer`` (index = id).
+
+    Added tokens map to their content's UTF-8, model tokens through the inverse of the
+    GPT-2 byte→unicode table used by the ByteLevel pre-tokenizer (a token with a character
+    outside that table maps to its UTF-8), ids without a token to ``b""``. The model
+    vocabulary is read in one call; its tokens (added ones aside) are mapped at once, as
+    one array of code points through the inverse table (every character maps to one
+    byte), and cut at their lengths.
+    """
     n = tok.get_vocab_size(with_added_tokens=True)
     strings = [""] * n
     for s, i in tok.get_vocab(with_added_tokens=False).items():
         if 0 <= i < n:
             strings[i] = s
-    out = [s.translate(to_latin1).encode("latin-1") if mapped.issuperset(s) else s.encode("utf-8") for s in strings]
-    for i, a in tok.get_added_tokens_decoder().items():
-        if 0 <= i < n:
-            out[i] = a.content.encode("utf-8")
+    added = {i: a.content for i, a in tok.get_added_tokens_decoder().items() if 0 <= i < n}
+    for i in added:
+        strings[i] = ""  # their content's UTF-8, below
+    cps = np.frombuffer("".join(strings).encode("utf-32-le"), dtype=np.uint32)
+    mapped = _BYTE_OF[np.minimum(cps, len(_BYTE_OF) - 1)]
+    mapped[cps >= len(_BYTE_OF)] = _NO_BYTE
+    flat = mapped.astype(np.uint8).tobytes()  # a character outside the table gives 0xFF: not used
+    out, o = [], 0
+    for x in strings:
+        e = o + len(x)
+        out.append(flat[o:e])
+        o = e
+    bad = np.flatnonzero(mapped == _NO_BYTE)
+    if bad.size:  # the tokens holding a character outside the table: their UTF-8
+        bounds = np.cumsum([0] + [len(x) for x in strings])
+        for i in np.unique(np.searchsorted(bounds, bad, side="right") - 1).tolist():
+            out[i] = strings[i].encode("utf-8")
+    for i, c in added.items():
+        out[i] = c.encode("utf-8")
     return out
 
 

@@ -97,9 +97,10 @@ def locality_margin(tok) -> int | None:
         s = added.content
         if added.lstrip or added.rstrip:
             return None
-        for i, ch in enumerate(s):
-            if ch == "\n" and (i + 1 == len(s) or not s[i + 1].isspace()):
-                return None
+        if "\n" in s:  # most added tokens hold none: no walk over their characters
+            for i, ch in enumerate(s):
+                if ch == "\n" and (i + 1 == len(s) or not s[i + 1].isspace()):
+                    return None
         longest = max(longest, len(s))
     return longest + 1
 

@@ -139,6 +139,21 @@ def test_byte_table_of_a_sparse_vocabulary_with_added_tokens_over_model_ids():
     assert table[tok.token_to_id("std::")] == b"std::"  # an added id that a model token also has: the added token
 
 
+def test_byte_table_of_model_tokens_outside_the_byte_alphabet():
+    """Model tokens (not added) holding characters the byte table does not map (a space, a
+    tab, CJK, an emoji, a code point past the table) take their UTF-8, whole, among
+    tokens that map byte by byte: the same bytes as the id-by-id reference."""
+    from tokenizers import AddedToken, Tokenizer, models
+
+    vocab = {"a": 0, "x y": 1, "ĠĠ": 2, "日本": 3, "\U0001F600": 4, "Ġ\t": 5, "\u0144": 6, "\u0143": 7, "ÿĀ": 8}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.add_special_tokens([AddedToken("<s>", special=True)])
+    table = fim.token_byte_table(tok)
+    assert table == _byte_table_reference(tok)
+    assert table[1] == b"x y" and table[2] == b"  " and table[3] == "日本".encode() and table[5] == "Ġ\t".encode()  # a tab: the whole token as UTF-8
+    assert table[6] == "\u0144".encode() and table[7] == b"\xad" and table[8] == b"\xff\x00"
+
+
 def test_real_tokenizer_byte_table_matches_id_by_id(tiny_run):
     """Every id of the real tiny tokenizer, against a reference that asks the tokenizer for
     each id's token and maps it char by char through GPT-2's byte table."""

@@ -72,6 +72,24 @@ def test_locality_margin_applies_to_the_code_tokenizer(tok):
     assert all(a.content in prefixes for a in tok.get_added_tokens_decoder().values())
 
 
+def test_locality_margin_reads_newlines_of_added_tokens(tok):
+    """An added token whose ``\\n`` is followed by whitespace keeps the rule (the margin
+    grows with it); one whose ``\\n`` ends it or precedes another character refuses it."""
+    from tokenizers import AddedToken, Tokenizer
+
+    def with_added(content: str):
+        other = Tokenizer.from_str(tok.to_str())
+        other.encode_special_tokens = tok.encode_special_tokens  # a setting, not in the JSON
+        other.add_tokens([AddedToken(content, special=False, normalized=False)])
+        return other
+
+    base = max(len(a.content) for a in tok.get_added_tokens_decoder().values())
+    kept = "\n" + " " * (base + 5)
+    assert span_count.locality_margin(with_added(kept)) == len(kept) + 1
+    for bad in ("a\nb", "x = 1;\n", "\n\tok\n}"):
+        assert span_count.locality_margin(with_added(bad)) is None, bad
+
+
 def test_span_counts_equal_encoding_each_span(tok):
     margin, lengths, prefixes = span_count.prepare(tok)
     assert margin is not None
