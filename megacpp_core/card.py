@@ -7,6 +7,8 @@ root and attached to the ``dataset_card`` asset's metadata.
 
 from __future__ import annotations
 
+import os
+
 from . import families, layout, plots
 from .manifest import Manifest
 from .storage import DataRoot
@@ -303,8 +305,10 @@ def plot_key(snapshot: str, name: str) -> str:
 def write_card_and_plots(root: DataRoot, manifest: Manifest) -> tuple[str, dict[str, bytes]]:
     """Render the card and its plots (:data:`PLOT_TITLES`, from the family stages'
     figures; none when no family is materialized), write each PNG to :func:`plot_key`
-    and then ``card.md``; return ``(card text, {plot name: PNG bytes})``."""
-    images = plots.family_plots(family_figures(root, manifest))
+    and then ``card.md``; return ``(card text, {plot name: PNG bytes})``. The plots are
+    drawn on two processes when this one may use two cores (:func:`plots.draw_pngs`)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    images = plots.family_plots(family_figures(root, manifest), processes=min(2, cores))
     for name, data in images.items():
         root.write_bytes(plot_key(manifest.name, name), data)
     text = render_card(root, manifest)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Mapping
+import os
+import struct
+from collections.abc import Callable, Mapping
 
 #: Fill bins of the ``row_fill`` figure: tenths of the row length, the last one closed.
 FILL_BINS = tuple(f"{10 * k}-{10 * (k + 1)}%" for k in range(10))
@@ -93,10 +95,11 @@ def _grid(n: int) -> tuple[int, int]:
     return -(-n // cols), cols
 
 
-def family_plots(fam: Mapping[str, dict | None]) -> dict[str, bytes]:
+def family_plots(fam: Mapping[str, dict | None], processes: int = 1) -> dict[str, bytes]:
     """``{plot name: PNG bytes}`` of the three snapshot plots (module doc) from
     ``{family: its stage's figures or None}``; families without figures are left out, and
-    with none at all the result is ``{}``."""
+    with none at all the result is ``{}``. ``processes``: with 2 or more, the plots are
+    drawn on two processes (:func:`draw_pngs`); the bytes are the same."""
     have = {name: f for name, f in fam.items() if f}
     if not have:
         return {}
@@ -138,9 +141,85 @@ def family_plots(fam: Mapping[str, dict | None]) -> dict[str, bytes]:
         fig.legend(loc="outside lower center", ncols=min(5, len(names)))
         ax.set_title("Tokens per source and per family")
 
-    return {"family_document_lengths": png(lengths, (3.6 * cols, 2.8 * rows)),
-            "family_row_fill": png(fill, (3.6 * cols, 2.8 * rows)),
-            "tokens_per_source": png(tokens, (9.0, 1.8 + 0.32 * max(1, len(sources))))}
+    return draw_pngs({"family_document_lengths": (lengths, (3.6 * cols, 2.8 * rows)),
+                      "family_row_fill": (fill, (3.6 * cols, 2.8 * rows)),
+                      "tokens_per_source": (tokens, (9.0, 1.8 + 0.32 * max(1, len(sources))))}, processes)
+
+
+def draw_pngs(plan: Mapping[str, tuple[Callable, tuple[float, float]]], processes: int = 1) -> dict[str, bytes]:
+    """``{name: png(draw, size)}`` for every ``name: (draw, size)`` of ``plan``, in its order.
+
+    With ``processes >= 2`` (and ``os.fork``), a forked child draws a share of the plots
+    while this process draws the rest: the plan is split in two by figure area (inches²,
+    a proxy of the drawing time: most of it lays out and renders text and bars over the
+    figure), the child sends its PNGs back through a pipe and ends with ``os._exit``. The
+    child runs nothing but matplotlib on objects it inherited (no pickling: ``draw`` may
+    be a closure). Should the fork fail, or the child end without sending every PNG, this
+    process draws them itself, so the result never depends on the child. The bytes are
+    those of :func:`png` either way (deterministic, module doc)."""
+    names = list(plan)
+    if processes < 2 or len(names) < 2 or not hasattr(os, "fork"):
+        return {n: png(*plan[n]) for n in names}
+    area = {n: plan[n][1][0] * plan[n][1][1] for n in names}
+    mine: list[str] = []
+    theirs: list[str] = []
+    for n in sorted(names, key=lambda n: (-area[n], names.index(n))):  # largest first, to the lighter side
+        (mine if sum(area[m] for m in mine) <= sum(area[t] for t in theirs) else theirs).append(n)
+    got = _forked(theirs, plan)
+    try:
+        out = {n: png(*plan[n]) for n in mine}
+    finally:
+        sent = got()  # always waited for, so no child is left behind
+    out.update(sent)
+    return {n: out[n] if n in out else png(*plan[n]) for n in names}
+
+
+def _forked(names: list[str], plan) -> Callable[[], dict[str, bytes]]:
+    """Start a child drawing ``names`` of ``plan``; return a call that waits for it and
+    gives what it sent (``{}`` when the fork failed or the child failed)."""
+    read, write = os.pipe()
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    # a child of a process whose tokenizers used their thread pool prints a warning unless
+    # the setting is explicit; "true" is their default (the child never encodes)
+    os.environ["TOKENIZERS_PARALLELISM"] = saved if saved is not None else "true"
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return dict
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(read)
+            for n in names:
+                data, name = png(*plan[n]), n.encode()
+                payload = struct.pack("<II", len(name), len(data)) + name + data
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(write, view):]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+
+    def wait() -> dict[str, bytes]:
+        with os.fdopen(read, "rb") as f:
+            payload = f.read()
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            return {}
+        out, at = {}, 0
+        while at + 8 <= len(payload):
+            k, m = struct.unpack_from("<II", payload, at)
+            out[payload[at + 8:at + 8 + k].decode()] = payload[at + 8 + k:at + 8 + k + m]
+            at += 8 + k + m
+        return out if at == len(payload) and set(out) == set(names) else {}
+
+    return wait
 
 
 def family_plot(figures: Mapping) -> bytes:
