@@ -239,6 +239,7 @@ def _run_on(manifest, root, home: Path, instance, rerun: bool, stages, workers: 
     run = SnapshotRun(manifest, root, instance, rerun, stages)
     if isinstance(instance.event_log_storage, PooledSqliteEventLogStorage):
         run_template()  # this process's first run (a snapshot step) copies it; made while the fork server imports
+    run.warm()  # so is what its first run would do lazily
     settled()  # start-up is done (startup_gc); the fork server still imports meanwhile
     if not run_passes(run, workers):
         return 1

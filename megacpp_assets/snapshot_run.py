@@ -69,7 +69,28 @@ class SnapshotRun:
         lg.handlers[:] = [stdout_handler()]
         lg.setLevel(logging.INFO)
         lg.propagate = False
-        return cls(load_manifest(manifest_path), open_root(root_url), DagsterInstance.from_ref(instance_ref), rerun, stages)
+        run = cls(load_manifest(manifest_path), open_root(root_url), DagsterInstance.from_ref(instance_ref), rerun, stages)
+        run.warm()  # a pool started ahead (the next pass's, during the tokenizer) does it while idle
+        return run
+
+    def warm(self) -> None:
+        """Do ahead what this process's first run would do on its way to its first step:
+        Dagster's snapshot of a job subset (its first one in a process imports Dagster's
+        snapshot modules and builds its type caches: about 45 ms) and, unless every asset
+        is run again, the freshness plan of one partition (the instance's first queries
+        through this process's connections). Nothing is written, and nothing raised: an
+        error here is met again by the run, which reports it. ``megacpp run`` calls it
+        while the fork server still imports, and each worker as it starts."""
+        first = next((s for s in self.stages if s.partitioning is Partitioning.REVISION), None)
+        if first is None or not self.manifest.sources:
+            return
+        try:
+            self.revision_job.get_subset(asset_selection={AssetKey(first.asset)}).get_job_snapshot_id()
+            if not self.rerun:
+                freshness.plan(self.instance, self.stages, self.root, self.manifest,
+                               Partition(self.manifest.name, self.manifest.sources[0].name), latest=self.latest)
+        except Exception:  # noqa: BLE001 — only a head start: the run meets the same error and reports it
+            pass
 
     # -- one revision's part of a pass (runs in a worker when workers > 1) ---------------
 

@@ -383,3 +383,37 @@ def test_an_unknown_worker_start_method_is_a_usage_error(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["run", "--corpus", "tiny", "--workers", "2"])
     assert e.value.code == 2 and "MEGACPP_WORKER_START must be forkserver or spawn" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_warm_writes_nothing_and_never_raises(tiny_run, monkeypatch):
+    """``SnapshotRun.warm`` (what ``megacpp run`` and each worker do ahead of their first
+    run) stores no run or event and leaves the data root as it was; with every asset run
+    again it plans nothing; an error in it is left for the run to meet."""
+    from megacpp_assets import freshness
+    from megacpp_assets.snapshot_run import SnapshotRun
+    from megacpp_core.manifest import load_manifest
+    from megacpp_core.storage import open_root
+
+    root, instance = tiny_run
+    manifest = load_manifest(root / "snapshots" / "tiny" / "manifest.yaml")
+
+    def state():
+        files = sorted((p.relative_to(root).as_posix(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file())
+        return instance.get_runs_count(), instance.event_log_storage.get_maximum_record_id(), files
+
+    before = state()
+    planned = []
+    real_plan = freshness.plan
+    monkeypatch.setattr(freshness, "plan", lambda *a, **k: (planned.append(a[4].key), real_plan(*a, **k))[1])
+    SnapshotRun(manifest, open_root(str(root)), instance, rerun=False).warm()
+    assert planned == [f"tiny/{manifest.sources[0].name}"]
+    SnapshotRun(manifest, open_root(str(root)), instance, rerun=True).warm()
+    assert len(planned) == 1  # nothing to plan when everything runs again
+    assert state() == before
+
+    def broken(*a, **k):
+        raise OSError("storage unreachable")
+
+    monkeypatch.setattr(freshness, "plan", broken)
+    assert SnapshotRun(manifest, open_root(str(root)), instance, rerun=False).warm() is None
