@@ -72,6 +72,24 @@ def test_locality_margin_applies_to_the_code_tokenizer(tok):
     assert all(a.content in prefixes for a in tok.get_added_tokens_decoder().values())
 
 
+def test_added_prefixes_are_every_prefix_of_every_added_token(tok):
+    """Against the definition (every non-empty prefix of every content), on the code
+    tokenizer and on hostile contents: chains of prefixes, code points past the BMP, a NUL
+    (which numpy's fixed-width strings would drop at an end), a lone character."""
+    from tokenizers import AddedToken, Tokenizer, models
+
+    def definition(t):
+        return {a.content[:k] for a in t.get_added_tokens_decoder().values() for k in range(1, len(a.content) + 1)}
+
+    assert span_count.added_prefixes(tok) == definition(tok)
+    for contents in (["ab", "abc", "abd", "b", "日本語", "日本", "\U0001F600!", "<s>", "<s>x", "<"],
+                     ["x\x00", "x", "\x00y", "a\x00"], ["z"]):
+        other = Tokenizer(models.BPE(vocab={"a": 0}, merges=[]))
+        other.add_tokens([AddedToken(c, special=False) for c in contents])
+        assert span_count.added_prefixes(other) == definition(other) != set(), contents
+    assert span_count.added_prefixes(Tokenizer(models.BPE(vocab={"a": 0}, merges=[]))) == frozenset()
+
+
 def test_locality_margin_reads_newlines_of_added_tokens(tok):
     """An added token whose ``\\n`` is followed by whitespace keeps the rule (the margin
     grows with it); one whose ``\\n`` ends it or precedes another character refuses it."""
