@@ -238,7 +238,10 @@ def _run_on(manifest, root, home: Path, instance, rerun: bool, stages, workers: 
     t0 = time.perf_counter()
     run = SnapshotRun(manifest, root, instance, rerun, stages)
     if isinstance(instance.event_log_storage, PooledSqliteEventLogStorage):
-        run_template()  # this process's first run (a snapshot step) copies it; made while the fork server imports
+        try:  # this process's first run copies it; made while the fork server imports
+            run_template()
+        except Exception:  # noqa: BLE001 — the storage then makes its databases as Dagster does
+            pass
     run.warm()  # so is what its first run would do lazily
     settled()  # start-up is done (startup_gc); the fork server still imports meanwhile
     if not run_passes(run, workers):

@@ -40,6 +40,7 @@ from dagster import (
     MetadataValue,
     MultiPartitionsDefinition,
     MultiToSingleDimensionPartitionMapping,
+    Nothing,
     asset,
     multi_asset,
 )
@@ -292,8 +293,8 @@ def _materialize(context: AssetExecutionContext, stage: Stage,
         keys = register_shards(context.instance, root, partition.snapshot, partition.source)
         context.log.info(f"{stage.asset} {partition.key}: {len(keys)} shard(s) {', '.join(keys)}")
     if not res.ok:  # a pass shows as the materialization's data version and its checks (no event of its own)
-        context.log.error(f"{stage.asset} {context.partition_key}: gates FAILED "
-                          f"({', '.join(c for c, (ok, _) in sorted(res.checks.items()) if not ok)})")
+        context.log.info(f"{stage.asset} {context.partition_key}: data version {res.data_version[:12]}, gates FAILED "
+                         f"({', '.join(c for c, (ok, _) in sorted(res.checks.items()) if not ok)})")
     result, checks = to_result(stage, res, root, {INPUTS_TAG: inputs})
     yield result
     yield from checks
@@ -307,7 +308,7 @@ def stage_asset(stage: Stage, producers: dict[str, Stage]):
     @asset(name=stage.asset, partitions_def=PARTITIONS[stage.partitioning], group_name=GROUPS[stage.partitioning],
            deps=_asset_deps(stage, producers), check_specs=_check_specs(stage), code_version=stage.code_version,
            kinds=set(stage.kinds), description=stage.description, required_resource_keys={"data_root", *stage.tools},
-           metadata=_asset_metadata(stage), **heavy)
+           metadata=_asset_metadata(stage), dagster_type=Nothing, **heavy)  # a generator: no type from its annotation
     def _asset(context: AssetExecutionContext) -> Iterator[MaterializeResult | AssetCheckResult]:
         yield from _materialize(context, stage, producers)
 

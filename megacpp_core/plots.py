@@ -23,7 +23,11 @@ from __future__ import annotations
 import base64
 import io
 import os
+import select
+import signal
 import struct
+import sys
+import time
 from collections.abc import Callable, Mapping
 
 #: Fill bins of the ``row_fill`` figure: tenths of the row length, the last one closed.
@@ -154,9 +158,11 @@ def draw_pngs(plan: Mapping[str, tuple[Callable, tuple[float, float]]], processe
     a proxy of the drawing time: most of it lays out and renders text and bars over the
     figure), the child sends its PNGs back through a pipe and ends with ``os._exit``. The
     child runs nothing but matplotlib on objects it inherited (no pickling: ``draw`` may
-    be a closure). Should the fork fail, or the child end without sending every PNG, this
-    process draws them itself, so the result never depends on the child. The bytes are
-    those of :func:`png` either way (deterministic, module doc)."""
+    be a closure) and writes nothing else (its standard streams go to ``os.devnull``).
+    Should the fork fail, or the child end without sending every PNG, or send nothing for
+    :data:`CHILD_TIMEOUT_SECONDS` (it is then killed), this process draws them itself, so
+    the result never depends on the child. The bytes are those of :func:`png` either way
+    (deterministic, module doc)."""
     names = list(plan)
     if processes < 2 or len(names) < 2 or not hasattr(os, "fork"):
         return {n: png(*plan[n]) for n in names}
@@ -174,27 +180,35 @@ def draw_pngs(plan: Mapping[str, tuple[Callable, tuple[float, float]]], processe
     return {n: out[n] if n in out else png(*plan[n]) for n in names}
 
 
+#: How long (s) :func:`draw_pngs` waits for its child's PNGs before it ends the child
+#: (``SIGKILL``) and draws them itself: the child draws in well under a second here, so
+#: only a child stuck on something it inherited (a lock another thread held at the fork)
+#: waits that long.
+CHILD_TIMEOUT_SECONDS = 60.0
+
+
 def _forked(names: list[str], plan) -> Callable[[], dict[str, bytes]]:
-    """Start a child drawing ``names`` of ``plan``; return a call that waits for it and
-    gives what it sent (``{}`` when the fork failed or the child failed)."""
-    read, write = os.pipe()
-    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    """Start a child drawing ``names`` of ``plan``; return a call that waits for it (at
+    most :data:`CHILD_TIMEOUT_SECONDS`, then ends it) and gives what it sent (``{}`` when
+    the fork failed, or the child failed, hung or sent a short or malformed payload)."""
     # a child of a process whose tokenizers used their thread pool prints a warning unless
-    # the setting is explicit; "true" is their default (the child never encodes)
-    os.environ["TOKENIZERS_PARALLELISM"] = saved if saved is not None else "true"
+    # the setting is explicit; "true" is their default (the child never encodes); set once
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    read, write = os.pipe()
     try:
         pid = os.fork()
     except OSError:
         os.close(read)
         os.close(write)
         return dict
-    finally:
-        if saved is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-    if pid == 0:  # the child
+    if pid == 0:  # the child: writes nothing but its PNGs (its streams may be a parent's queue)
         code = 1
         try:
             os.close(read)
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
+            sys.stdout = sys.stderr = open(quiet, "w", closefd=False)  # noqa: SIM115 — the process ends below
             for n in names:
                 data, name = png(*plan[n]), n.encode()
                 payload = struct.pack("<II", len(name), len(data)) + name + data
@@ -207,12 +221,24 @@ def _forked(names: list[str], plan) -> Callable[[], dict[str, bytes]]:
     os.close(write)
 
     def wait() -> dict[str, bytes]:
-        with os.fdopen(read, "rb") as f:
-            payload = f.read()
+        chunks, deadline = [], time.monotonic() + CHILD_TIMEOUT_SECONDS
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([read], [], [], left)[0]:
+                    os.kill(pid, signal.SIGKILL)  # hung: ended, and its share drawn here
+                    os.waitpid(pid, 0)
+                    return {}
+                chunk = os.read(read, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(read)
         _, status = os.waitpid(pid, 0)
         if status != 0:
             return {}
-        out, at = {}, 0
+        payload, out, at = b"".join(chunks), {}, 0
         while at + 8 <= len(payload):
             k, m = struct.unpack_from("<II", payload, at)
             out[payload[at + 8:at + 8 + k].decode()] = payload[at + 8 + k:at + 8 + k + m]

@@ -51,6 +51,7 @@ unchanged by it.
 from __future__ import annotations
 
 import json
+import os
 from typing import Sequence
 
 import numpy as np
@@ -116,12 +117,17 @@ def added_prefixes(tok) -> frozenset[str]:
     contents = sorted({a.content for a in tok.get_added_tokens_decoder().values()} - {""})
     if not contents:
         return frozenset()
-    if any("\0" in c for c in contents):  # numpy's fixed-width strings drop trailing NULs
-        return frozenset(c[:k] for c in contents for k in range(1, len(c) + 1))
-    codes = np.array(contents).view(np.uint32).reshape(len(contents), -1)  # NUL-padded code points
-    differ = codes[1:] != codes[:-1]
-    common = [0, *np.where(differ.any(axis=1), differ.argmax(axis=1), codes.shape[1]).tolist()]
+    if len(contents) * max(map(len, contents)) <= _PREFIX_ARRAY_CELLS and not any("\0" in c for c in contents):
+        codes = np.array(contents).view(np.uint32).reshape(len(contents), -1)  # NUL-padded code points
+        differ = codes[1:] != codes[:-1]
+        common = [0, *np.where(differ.any(axis=1), differ.argmax(axis=1), codes.shape[1]).tolist()]
+    else:  # a NUL (numpy's fixed-width strings drop trailing ones), or one long content among many
+        common = [0, *(len(os.path.commonprefix(pair)) for pair in zip(contents, contents[1:]))]
     return frozenset(c[:k] for c, n in zip(contents, common) for k in range(n + 1, len(c) + 1))
+
+
+#: Most cells (contents × longest content, 4 bytes each) of :func:`added_prefixes`'s array.
+_PREFIX_ARRAY_CELLS = 4_000_000
 
 
 #: Longest span (characters) whose count a :class:`SpanCounter` keeps for reuse.

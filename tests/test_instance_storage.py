@@ -191,7 +191,7 @@ def test_a_new_run_database_is_the_one_the_stock_storage_creates(tmp_path, monke
         pooled.dispose()
 
 
-def test_new_run_databases_are_copies_of_one_template_per_process(tmp_path, monkeypatch):
+def test_new_run_databases_are_copies_of_one_template_per_process_tree(tmp_path, monkeypatch):
     """The tables are created once per process tree (the template, kept in memory: a worker
     forked from the fork server runs no exit handler); each new run database is a copy,
     placed without replacing a file another process put there first, and no temporary

@@ -88,6 +88,9 @@ def test_added_prefixes_are_every_prefix_of_every_added_token(tok):
         other.add_tokens([AddedToken(c, special=False) for c in contents])
         assert span_count.added_prefixes(other) == definition(other) != set(), contents
     assert span_count.added_prefixes(Tokenizer(models.BPE(vocab={"a": 0}, merges=[]))) == frozenset()
+    long = Tokenizer(models.BPE(vocab={"a": 0}, merges=[]))  # too wide for one array: pair by pair
+    long.add_tokens([AddedToken(c, special=False) for c in ["x" * 5000, "x" * 4999 + "y", *(f"<R_{i}>" for i in range(900))]])
+    assert span_count.added_prefixes(long) == definition(long)
 
 
 def test_locality_margin_reads_newlines_of_added_tokens(tok):

@@ -102,6 +102,9 @@ def test_a_failed_gate_stops_the_stages_after_it_in_the_step(tiny_run, tmp_path,
         assert done == {"quality_files", "license_files"}  # scrub, after the failed gate, did not run
         evals = {(e.check_name, e.passed) for e in result.get_asset_check_evaluations()}
         assert ("_failing", False) in evals and ("every_file_decided", True) in evals
+        lines = [e.user_message for e in instance.all_logs(result.run_id) if e.dagster_event is None]
+        assert [x for x in lines if "gates" in x] == [x for x in lines if x.startswith(f"license_files {SHARD}: data version ")
+                                                      and x.endswith("gates FAILED (_failing)")] != []
         # the failure report names the stage whose gate failed, not the one after it
         step = "quality__license__scrub"
         report_failure(result, SHARD, [(a, step) for a in ("quality_files", "license_files", "scrubbed_files")])
