@@ -159,9 +159,9 @@ def draw_pngs(plan: Mapping[str, tuple[Callable, tuple[float, float]]], processe
     figure), the child sends its PNGs back through a pipe and ends with ``os._exit``. The
     child runs nothing but matplotlib on objects it inherited (no pickling: ``draw`` may
     be a closure) and writes nothing else (its standard streams go to ``os.devnull``).
-    Should the fork fail, or the child end without sending every PNG, or send nothing for
-    :data:`CHILD_TIMEOUT_SECONDS` (it is then killed), this process draws them itself, so
-    the result never depends on the child. The bytes are those of :func:`png` either way
+    Should the fork fail, or the child end without sending every PNG, or not end within
+    :data:`CHILD_TIMEOUT_SECONDS` of this process's own drawing (it is then killed), this
+    process draws them itself, so the result never depends on the child. The bytes are those of :func:`png` either way
     (deterministic, module doc)."""
     names = list(plan)
     if processes < 2 or len(names) < 2 or not hasattr(os, "fork"):
@@ -189,8 +189,9 @@ CHILD_TIMEOUT_SECONDS = 60.0
 
 def _forked(names: list[str], plan) -> Callable[[], dict[str, bytes]]:
     """Start a child drawing ``names`` of ``plan``; return a call that waits for it (at
-    most :data:`CHILD_TIMEOUT_SECONDS`, then ends it) and gives what it sent (``{}`` when
-    the fork failed, or the child failed, hung or sent a short or malformed payload)."""
+    most :data:`CHILD_TIMEOUT_SECONDS` from the call, then ends it) and gives what it sent
+    (``{}`` when the fork failed, or the child failed, did not end in time, or sent a
+    short or malformed payload)."""
     # a child of a process whose tokenizers used their thread pool prints a warning unless
     # the setting is explicit; "true" is their default (the child never encodes); set once
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -222,11 +223,13 @@ def _forked(names: list[str], plan) -> Callable[[], dict[str, bytes]]:
 
     def wait() -> dict[str, bytes]:
         chunks, deadline = [], time.monotonic() + CHILD_TIMEOUT_SECONDS
+        poller = select.poll()  # not select(): a descriptor number past 1,023 is fine
+        poller.register(read, select.POLLIN)
         try:
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([read], [], [], left)[0]:
-                    os.kill(pid, signal.SIGKILL)  # hung: ended, and its share drawn here
+                if left <= 0 or not poller.poll(left * 1000):
+                    os.kill(pid, signal.SIGKILL)  # not done in time: ended, and its share drawn here
                     os.waitpid(pid, 0)
                     return {}
                 chunk = os.read(read, 1 << 20)
