@@ -110,13 +110,10 @@ def decoded_texts(ids: np.ndarray, lengths: np.ndarray, tok, tokenizer_sha256: s
     first = np.zeros(ids.size, bool)
     first[starts[:-1][lengths > 0]] = True
     body = np.asarray(ids)[~first]
-    table = token_bytes(tok, tokenizer_sha256)
-    if body.size and int(body.max()) >= len(table):
+    if body.size and int(body.max()) >= len(token_bytes(tok, tokenizer_sha256)):
         raise ValueError(f"token id out of range: min {int(body.min())}, max {int(body.max())}")
-    got = pc.take(table, pa.array(body.astype(np.int64, copy=False)))
-    token_offsets = np.frombuffer(got.buffers()[1], np.int64, count=len(got) + 1, offset=got.offset * 8)
-    doc_offsets = token_offsets[_starts(np.maximum(lengths - 1, 0))]
-    data = got.buffers()[2] if got.buffers()[2] is not None else pa.py_buffer(b"")
+    doc_offsets, data = tokenize.ids_bytes(tok, tokenizer_sha256, body.astype(np.int64, copy=False),
+                                           _starts(np.maximum(lengths - 1, 0)))
     texts = pa.LargeStringArray.from_buffers(len(lengths), pa.py_buffer(doc_offsets), data)
     try:
         texts.validate(full=True)

@@ -143,6 +143,22 @@ def byte_array(tok, sha256: str | None = None) -> pa.LargeBinaryArray:
     return got
 
 
+def ids_bytes(tok, sha256: str | None, ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, pa.Buffer]:
+    """The bytes of token ``ids`` (int64, each in ``[0, vocabulary size)``) back to back,
+    gathered with one arrow ``take`` of :func:`byte_array` (kept by ``sha256``), and the
+    byte offset in them of each token position of ``bounds`` (int64, ascending, at most
+    ``len(ids)``: document starts and the end, for instance): ``(int64 offsets
+    [len(bounds)], data buffer)``; the bytes of the ids ``ids[bounds[i]:bounds[i + 1]]``
+    are ``data[offsets[i]:offsets[i + 1]]``. An id outside the vocabulary raises arrow's
+    ``IndexError``; callers check first."""
+    import pyarrow.compute as pc
+
+    got = pc.take(byte_array(tok, sha256), pa.array(ids))
+    token_offsets = np.frombuffer(got.buffers()[1], np.int64, count=len(got) + 1, offset=got.offset * 8)
+    data = got.buffers()[2] if got.buffers()[2] is not None else pa.py_buffer(b"")
+    return token_offsets[bounds], data
+
+
 def token_char_spans(text: str, ids: np.ndarray, table: list[bytes], lengths: np.ndarray,
                      doc_key: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Character span ``[start, end)`` of every token of a BOS-prefixed document.
