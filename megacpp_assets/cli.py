@@ -220,7 +220,6 @@ def _run_locked(corpus: str, root, home: Path, instance, rerun: bool, stages, wo
 
 
 def _run_on(manifest, root, home: Path, instance, rerun: bool, stages, workers: int, settled) -> int:
-    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage, run_template
     from megacpp_assets.sensors import register_partitions
     from megacpp_assets.snapshot_run import SnapshotRun, run_passes
     from megacpp_core import layout
@@ -237,12 +236,7 @@ def _run_on(manifest, root, home: Path, instance, rerun: bool, stages, workers: 
     print(f"  data root    {root.url}\n  DAGSTER_HOME {home}\n  workers      {workers}", flush=True)
     t0 = time.perf_counter()
     run = SnapshotRun(manifest, root, instance, rerun, stages)
-    if isinstance(instance.event_log_storage, PooledSqliteEventLogStorage):
-        try:  # this process's first run copies it; made while the fork server imports
-            run_template()
-        except Exception:  # noqa: BLE001 — the storage then makes its databases as Dagster does
-            pass
-    run.warm()  # so is what its first run would do lazily
+    run.warm()  # what its first run would do lazily, done while the fork server imports
     settled()  # start-up is done (startup_gc); the fork server still imports meanwhile
     if not run_passes(run, workers):
         return 1

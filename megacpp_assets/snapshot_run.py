@@ -75,12 +75,23 @@ class SnapshotRun:
 
     def warm(self) -> None:
         """Do ahead what this process's first run would do on its way to its first step:
-        Dagster's snapshot of a job subset (its first one in a process imports Dagster's
-        snapshot modules and builds its type caches: about 45 ms) and, unless every asset
-        is run again, the freshness plan of one partition (the instance's first queries
-        through this process's connections). Nothing is written, and nothing raised: an
-        error here is met again by the run, which reports it. ``megacpp run`` calls it
-        while the fork server still imports, and each worker as it starts."""
+        with the pooled event log, the empty run database its run databases are copied
+        from (:func:`megacpp_assets.instance_storage.run_template`; a worker forked from
+        the fork server has it already); Dagster's snapshot of a job subset (its first one
+        in a process imports Dagster's snapshot modules and builds its type caches: about
+        45 ms) and, unless every asset is run again, the freshness plan of one partition
+        (the instance's first queries through this process's connections). Nothing is
+        written to the instance or the data root, and nothing raised: an error here is met
+        again by the run, which reports it (or, for the template, the storage makes its
+        databases as Dagster does). ``megacpp run`` calls it while the fork server still
+        imports, and each worker as it starts."""
+        from megacpp_assets.instance_storage import PooledSqliteEventLogStorage, run_template
+
+        try:
+            if isinstance(self.instance.event_log_storage, PooledSqliteEventLogStorage):
+                run_template()
+        except Exception:  # noqa: BLE001 — see above
+            pass
         first = next((s for s in self.stages if s.partitioning is Partitioning.REVISION), None)
         if first is None or not self.manifest.sources:
             return
