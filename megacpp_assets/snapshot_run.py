@@ -69,7 +69,10 @@ class SnapshotRun:
         lg.handlers[:] = [stdout_handler()]
         lg.setLevel(logging.INFO)
         lg.propagate = False
+        from megacpp_core import memo
+
         run = cls(load_manifest(manifest_path), open_root(root_url), DagsterInstance.from_ref(instance_ref), rerun, stages)
+        memo.keep_across_steps()  # a worker runs many steps: a revision's chunk step leaves its files' facts for p3/p4
         run.warm()  # a pool started ahead (the next pass's, during the tokenizer) does it while idle
         return run
 
@@ -409,7 +412,8 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
     at the first failure (printed).
 
     With one worker, all in this process, one after another (a pass's snapshot steps in
-    one run). With more, each pass's units run on a pool of ``workers`` fresh processes
+    one run); this process keeps files' facts across steps meanwhile
+    (:func:`megacpp_core.memo.keep_across_steps`, as every worker does). With more, each pass's units run on a pool of ``workers`` fresh processes
     (:class:`WorkerPool`), so what a worker loaded for one pass (ScanCode's license index
     in pass 1) is never carried into the next. A pass followed by another ends its pool
     and starts the next one (:meth:`WorkerPool.start`) before its snapshot steps run here,
@@ -428,11 +432,18 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
               file=sys.stderr)
         workers = 1
     if workers == 1:
-        for n, ph in enumerate(run.passes, 1):
-            _say_pass(run, n, ph)
-            if not _run_in_process(run, run.pass_units(n)) or not run.snapshot(n):
-                return False
-        return True
+        from megacpp_core import memo
+
+        was = memo.across_steps()
+        memo.keep_across_steps()  # this process runs every step (megacpp_core.memo: across steps)
+        try:
+            for n, ph in enumerate(run.passes, 1):
+                _say_pass(run, n, ph)
+                if not _run_in_process(run, run.pass_units(n)) or not run.snapshot(n):
+                    return False
+            return True
+        finally:
+            memo.keep_across_steps(was)
     args = (str(run.manifest.path), run.root.url, run.instance.get_ref(), run.rerun, run.stages_arg)
     pool = WorkerPool(workers, SnapshotRun.in_worker, args)
     try:

@@ -20,6 +20,31 @@ Memos in use:
   file instead of two (about 1.25 s of the 4.8 s p4 took on ``default``).
 
 A step that runs several stages empties every memo when it ends (:func:`clear_all`).
+
+**Across steps.** Two values of a file are kept longer, in a :class:`ScopedMemo`, by a
+process that runs many steps one after another (``megacpp run``'s workers switch this on
+with :func:`keep_across_steps`; a step run alone, by the Dagster UI's executor or in its
+own pod, never puts anything there). The chunk stage (a revision's shard, step
+``chunk__tokenize__…``) parses and enriches every kept file; the same revision's
+``p3_repo`` and ``p4_structure`` stages (step ``repo_documents__structure_documents``,
+which starts once every shard of the revision is chunked) parse every file again, for
+its ``#include`` lines and for the same enrichment. When the chunk stage ran in this
+process, it leaves:
+
+* :data:`FILE_INCLUDES`: each file's ``#include`` spellings
+  (:func:`megacpp_core.repo_documents.include_spellings`), which ``p3_repo`` takes
+  instead of parsing the file;
+* :data:`FILE_ENRICHMENT`: each file's :class:`~megacpp_core.enrich.FileEnrichment`
+  (:func:`megacpp_core.enrich.enrich_file`, its planes read-only), which ``p4_structure``
+  takes instead of enriching it again.
+
+Both are pure functions of the file's text and stage-1 language, the memo's key, so a
+value taken is the one the later stage would compute. The scope is the revision's
+partition key: ``p4_structure`` drops what its revision left when it ends, and a put
+that would pass the memo's limit first drops the oldest other revisions (a revision whose
+later step ran in another worker). ``megacpp run`` gives a revision's later step to the
+worker whose chunk step released it when that worker is free, which it is, unless the
+other worker finished at the same moment; a miss costs only the work done again.
 """
 
 from __future__ import annotations
@@ -101,9 +126,121 @@ PARSED = TextMemo(MAX_PARSED_BYTES, parsed_bytes)
 
 
 def clear_all() -> None:
-    """Empty every memo of this process (every :class:`TextMemo`: :data:`PARSED`,
+    """Empty every step memo of this process (every :class:`TextMemo`: :data:`PARSED`,
     :data:`megacpp_core.ids_memo.MEMO`): called when a step that ran several stages ends,
     so nothing one of them handed on outlives the step (a stage that failed, or a later
-    stage not selected, would otherwise leave it until the next step)."""
+    stage not selected, would otherwise leave it until the next step). The memos kept
+    across steps (:class:`ScopedMemo`) are not emptied."""
     for m in list(_ALL):
         m.clear()
+
+
+_ACROSS_STEPS = [False]
+
+
+def keep_across_steps(on: bool = True) -> None:
+    """Let (``on``) or stop the :class:`ScopedMemo` memos holding values in this process
+    (module docstring: ``megacpp run``'s workers); stopping empties them."""
+    _ACROSS_STEPS[0] = bool(on)
+    if not on:
+        FILE_INCLUDES.clear()
+        FILE_ENRICHMENT.clear()
+
+
+def across_steps() -> bool:
+    """Whether this process keeps values across steps (:func:`keep_across_steps`)."""
+    return _ACROSS_STEPS[0]
+
+
+class ScopedMemo:
+    """``{(language, text): value}`` for several scopes (revisions) at once, kept across
+    steps while :func:`across_steps` holds, at most ``limit`` in ``size(value)`` units;
+    each value is given once (:meth:`take` removes it). A put that would pass the limit
+    first drops whole scopes other than its own, oldest first; a value alone over the
+    limit is not held. Thread-safe."""
+
+    def __init__(self, limit: int, size: Callable[[Any], int]):
+        self.limit, self.size = limit, size
+        self._lock = threading.Lock()
+        self._scopes: dict[str, dict[tuple[str, str], tuple[Any, int]]] = {}  # oldest scope first
+        self._used = 0
+
+    def put(self, scope: str, language: str, text: str, value: Any) -> bool:
+        """Hold ``value`` computed from ``text`` of stage-1 ``language`` under ``scope``;
+        False (nothing held) when this process does not keep values across steps, the
+        key is held already, or the value does not fit."""
+        if not across_steps() or scope is None:
+            return False
+        n = self.size(value)
+        with self._lock:
+            held = self._scopes.get(scope)
+            if n > self.limit or (held is not None and (language, text) in held):
+                return False
+            for old in [s for s in self._scopes if s != scope]:
+                if self._used + n <= self.limit:
+                    break
+                self._drop(old)
+            if self._used + n > self.limit:
+                return False
+            self._scopes.setdefault(scope, {})[(language, text)] = (value, n)
+            self._used += n
+            return True
+
+    def take(self, scope: str, language: str, text: str) -> Any:
+        """The value held for ``text`` of ``language`` under ``scope`` (removed), or None."""
+        with self._lock:
+            got = self._scopes.get(scope, {}).pop((language, text), None)
+            if got is None:
+                return None
+            self._used -= got[1]
+            return got[0]
+
+    def drop(self, scope: str) -> None:
+        """Drop everything held under ``scope``."""
+        with self._lock:
+            self._drop(scope)
+
+    def _drop(self, scope: str) -> None:
+        for _, n in self._scopes.pop(scope, {}).values():
+            self._used -= n
+
+    def clear(self) -> None:
+        """Drop everything held."""
+        with self._lock:
+            self._scopes, self._used = {}, 0
+
+    def scopes(self) -> list[str]:
+        """The scopes holding values, oldest first."""
+        with self._lock:
+            return [s for s, v in self._scopes.items() if v]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._scopes.values())
+
+
+def includes_bytes(spellings) -> int:
+    """Estimated memory of a list of ``#include`` spellings (CPython: 56 bytes a list and
+    8 a slot, about 49 bytes a short ASCII string plus its characters)."""
+    return 56 + sum(57 + len(s) for s in spellings)
+
+
+def enrichment_bytes(fe) -> int:
+    """Estimated memory of a :class:`~megacpp_core.enrich.FileEnrichment`: its four planes'
+    bytes, 250 bytes a unit and 160 an entry of a unit's definitions, types, calls and
+    uses (a tuple and its name; calibrated with ``tracemalloc`` on ``default``'s
+    pybind11 files, where the estimate is within 15 %)."""
+    planes = sum(getattr(fe, n).nbytes for n in ("structure", "ast_depth", "sibling_index", "ast_node_type"))
+    items = sum(len(u.defines) + len(u.types) + len(u.calls) + len(u.uses) for u in fe.units)
+    return planes + 250 * len(fe.units) + 160 * items
+
+
+#: Bytes of ``#include`` spellings :data:`FILE_INCLUDES` holds at most (16 MiB).
+MAX_INCLUDES_BYTES = 16 << 20
+#: Bytes of enrichments :data:`FILE_ENRICHMENT` holds at most, as :func:`enrichment_bytes`
+#: estimates them (256 MiB: about 40 M characters of code at ``default``'s density).
+MAX_ENRICHMENT_BYTES = 256 << 20
+#: Each kept file's ``#include`` spellings, from the chunk stage to ``p3_repo`` (module docstring).
+FILE_INCLUDES = ScopedMemo(MAX_INCLUDES_BYTES, includes_bytes)
+#: Each kept file's enrichment, from the chunk stage to ``p4_structure`` (module docstring).
+FILE_ENRICHMENT = ScopedMemo(MAX_ENRICHMENT_BYTES, enrichment_bytes)

@@ -251,13 +251,18 @@ class RevisionSpill:
     ``encode(strings) -> [ids]`` as in :func:`revision_documents`. ``keep_parsed(text,
     parsed)``, when given, receives each file's :class:`~megacpp_core.chunk.ParsedSource`
     (the stage hands them to ``p4_structure`` through :data:`megacpp_core.memo.PARSED`).
+    ``known_spellings(text, language)``, when given, returns a file's spellings found
+    already (:data:`megacpp_core.memo.FILE_INCLUDES`) or None; such a file is not parsed,
+    and ``keep_parsed`` does not get it.
     """
 
     SCHEMA = pa.schema([("text", pa.large_string()), ("ids", pa.list_(pa.uint32()))])
 
     def __init__(self, path, encode: Callable[[list[str]], list],
-                 keep_parsed: Callable[[str, ParsedSource], object] | None = None):
+                 keep_parsed: Callable[[str, ParsedSource], object] | None = None,
+                 known_spellings: Callable[[str, str], list[str] | None] | None = None):
         self.path, self.encode, self.keep_parsed = path, encode, keep_parsed
+        self.known_spellings = known_spellings
         self.where: dict[str, tuple[int, int]] = {}
         self.spellings: dict[str, list[str]] = {}
         self.body_tokens: dict[str, int] = {}
@@ -278,6 +283,10 @@ class RevisionSpill:
             return
         for q in paths:
             language, text = files[q]
+            known = self.known_spellings(text, language) if self.known_spellings is not None and text else None
+            if known is not None:
+                self.spellings[q] = known
+                continue
             if self.keep_parsed is None or not text:
                 self.spellings[q] = include_spellings(text, language)
                 continue

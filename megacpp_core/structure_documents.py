@@ -256,16 +256,22 @@ class StructureBuilder:
     ``fallback_file(path) -> (text, {doc_key: (start, end)})``: an oversized file's whole
     text and the character span of each of its fallback documents; ``parsed(text)``
     (optional) a file's :class:`~megacpp_core.chunk.ParsedSource` when one was kept for it
-    (:data:`megacpp_core.memo.PARSED`), or None (the file is parsed); the other arguments
-    as in :func:`structure_table`."""
+    (:data:`megacpp_core.memo.PARSED`), or None (the file is parsed); ``enriched(text,
+    language)`` (optional) a file's :class:`~megacpp_core.enrich.FileEnrichment` when one
+    was kept for it (:data:`megacpp_core.memo.FILE_ENRICHMENT`), or None (the file is
+    enriched here; ``held`` counts the others); the other arguments as in
+    :func:`structure_table`."""
 
     def __init__(self, languages: Mapping[str, str], fallback_file: Callable[[str], tuple[str, Mapping[str, tuple[int, int]]]],
                  lane: Lane | None, table: list[bytes], lengths: np.ndarray, file_sep_id: int,
-                 parsed: Callable[[str], object] | None = None):
+                 parsed: Callable[[str], object] | None = None,
+                 enriched: Callable[[str, str], enrich.FileEnrichment | None] | None = None):
         from .chunk import StructureCategory
 
         self.languages, self.fallback_file, self.lane = languages, fallback_file, lane
         self.parsed = parsed or (lambda text: None)
+        self.enriched = enriched or (lambda text, language: None)
+        self.held = 0
         self.table, self.lengths, self.file_sep_id = table, lengths, file_sep_id
         self.categories = StructureCategory
         self.figs = dict.fromkeys(("chunks", "call_edges", "type_edges", "cross_file_call_edges", "cross_file_type_edges",
@@ -324,10 +330,14 @@ class StructureBuilder:
         return out
 
     def _enrich(self, text: str, language: str) -> enrich.FileEnrichment:
-        """:func:`megacpp_core.enrich.enrich_file` of one whole file, on its kept parse when
-        one of the same grammar was kept."""
+        """:func:`megacpp_core.enrich.enrich_file` of one whole file: the enrichment kept
+        for it, else computed on its kept parse when one of the same grammar was kept."""
         from .chunk import grammar_of
 
+        fe = self.enriched(text, language)
+        if fe is not None:
+            self.held += 1
+            return fe
         parsed = self.parsed(text)
         if parsed is not None and parsed.grammar != grammar_of(language):
             parsed = None

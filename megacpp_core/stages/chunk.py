@@ -11,7 +11,10 @@ character-level enrichment: structure and AST planes, chunk list, call/type edge
 platform labels. Files whose tree has ERROR nodes are cut by the brace-balanced splitter
 (``brace_fallback_rate``). For the files the lane parsed without a fatal error, its
 intra-file edges replace tree-sitter's. The splitter is :mod:`megacpp_core.chunk`, the
-enrichment :mod:`megacpp_core.enrich`.
+enrichment :mod:`megacpp_core.enrich`. In a process that runs many steps (``megacpp
+run``'s workers), each file's ``#include`` spellings and enrichment are left for the
+revision's ``p3_repo`` and ``p4_structure`` stages (:data:`megacpp_core.memo.FILE_INCLUDES`,
+:data:`~megacpp_core.memo.FILE_ENRICHMENT`).
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .. import catalog, chunk, ids_memo, sample_ids, snapshot_tokenizer, span_count
+from .. import catalog, chunk, ids_memo, memo, sample_ids, snapshot_tokenizer, span_count
 from .. import kept as kept_files
 from .. import tokenizer as tk
 from ..pack import CHUNK_TYPE, EDGE_TYPE, PLATFORM_TYPE
-from ..stage import Partitioning, Result, Stage, StageError
+from ..stage import Partition, Partitioning, Result, Stage, StageError
 from ..tables import value_counts
 
 DOCUMENTS_SCHEMA = pa.schema([
@@ -78,7 +81,8 @@ def semantic_unit_edges(ctx) -> tuple[dict[str, dict[str, set]], dict]:
 def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool,
                lane_edges: dict[str, dict[str, set]] | None = None,
                keep_ids: Callable[[str, np.ndarray], object] | None = None,
-               known_ids: Sequence[np.ndarray | None] | None = None) -> tuple[dict[str, list], dict]:
+               known_ids: Sequence[np.ndarray | None] | None = None,
+               keep_file: Callable[[str, str, object, object], object] | None = None) -> tuple[dict[str, list], dict]:
     """The documents of the kept files ``d`` (columns of :func:`kept.shard_kept` as lists):
     ``(columns, tallies)``. Columns are those of :data:`DOCUMENTS_SCHEMA`, plus
     :data:`ENRICHED_COLUMNS` when ``enriching``; tallies count parse-error, brace-fallback
@@ -96,6 +100,11 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     stage hands them to tokenize through :data:`megacpp_core.ids_memo.MEMO`).
     ``known_ids[i]``, when given and not None, is file ``i``'s ids already (uint32[n], the
     tokenizer's sample ids, :mod:`megacpp_core.sample_ids`): that file is not encoded.
+    ``keep_file(text, language, parsed, enrichment)``, when given, receives every non-empty
+    file's :class:`~megacpp_core.chunk.ParsedSource` and its
+    :class:`~megacpp_core.enrich.FileEnrichment` (None when not ``enriching``) once the
+    file is split (the stage hands what later stages of the revision need through
+    :data:`megacpp_core.memo.FILE_INCLUDES` and :data:`~megacpp_core.memo.FILE_ENRICHMENT`).
     """
     from .. import enrich, platforms
 
@@ -119,6 +128,7 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
         for i, text in enumerate(d["text"]):
             key, language = d["doc_key"][i], d["language"][i]
             parsed = chunk.parse_source(text, language) if text else None
+            fe = None
             if enriching and text:
                 te = time.perf_counter()
                 fe = enrich.enrich_file(text, language, parsed)
@@ -156,6 +166,8 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
                     for name, plane in de.planes.items():
                         cols[f"char_{name}"].append(plane)
                     tally["enrich_seconds"] += time.perf_counter() - te
+            if keep_file is not None and text:
+                keep_file(text, language, parsed, fe)
     finally:
         whole.close()
     return cols, tally
@@ -232,6 +244,23 @@ class _WholeCounts:
         self.pool.shutdown(wait=True)
 
 
+def _file_keeper(scope: str) -> Callable[[str, str, object, object], None]:
+    """``keep_file`` of :func:`chunk_rows` for a process that keeps values across steps
+    (:func:`megacpp_core.memo.across_steps`): each file's ``#include`` spellings
+    (:func:`megacpp_core.repo_documents.include_spellings` of its parse) and its
+    enrichment (planes made read-only) are held under the revision's partition key
+    ``scope``, for the revision's ``p3_repo`` and ``p4_structure`` stages."""
+    from .. import repo_documents
+
+    def keep(text: str, language: str, parsed, fe) -> None:
+        memo.FILE_INCLUDES.put(scope, language, text, repo_documents.include_spellings(text, language, parsed))
+        if fe is not None:
+            for plane in (fe.structure, fe.ast_depth, fe.sibling_index, fe.ast_node_type):
+                plane.setflags(write=False)
+            memo.FILE_ENRICHMENT.put(scope, language, text, fe)
+    return keep
+
+
 def compute(ctx) -> Result:
     from .. import ast_types, enrich, platforms
 
@@ -254,7 +283,9 @@ def compute(ctx) -> Result:
     known = sample_ids.verified(tok, d["text"], sample_ids.read(ctx.input("tokenizer_sample_ids"), d["doc_key"],
                                                                  d["content_sha256"], sha), sha)
     cols, tally = chunk_rows(d, tok, sha, budget, enriching, lane_edges,
-                             keep_ids=lambda text, ids: ids_memo.MEMO.put(sha, text, ids), known_ids=known)
+                             keep_ids=lambda text, ids: ids_memo.MEMO.put(sha, text, ids), known_ids=known,
+                             keep_file=_file_keeper(Partition(ctx.partition.snapshot, ctx.partition.source).key)
+                             if memo.across_steps() else None)
     parse_errors, brace_files, fallback = tally["parse_errors"], tally["brace_files"], tally["fallback_splits"]
     split_files, lane_docs, enrich_seconds = tally["split_files"], tally["lane_docs"], tally["enrich_seconds"]
     table = pa.table(cols, schema=schema).replace_schema_metadata({TOKENIZER_KEY: info["sha256"].encode()})

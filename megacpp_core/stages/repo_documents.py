@@ -19,7 +19,9 @@ keep order (:func:`megacpp_core.kept.document_order`: license rank, path, then p
 chunk number), so the family step and the Megatron export read them as stored, a row
 group at a time, without re-sorting a revision. Memory: one shard, the per-file
 summaries, and one 64-document row group of the output (:class:`~megacpp_core.tables.ParquetStream`
-``whole_row_groups``).
+``whole_row_groups``). A file the revision's chunk step left its ``#include`` spellings
+for in this process (:data:`megacpp_core.memo.FILE_INCLUDES`, ``megacpp run``'s workers)
+is not parsed again (``files_with_held_includes``).
 """
 
 from __future__ import annotations
@@ -78,8 +80,16 @@ def compute(ctx) -> Result:
     work = ctx.workdir("p3-")
     scope = ctx.partition.key
     memo.PARSED.begin(scope)  # the files' trees, for p4_structure in this step (megacpp_core.memo)
+    held = [0]
+
+    def held_spellings(text: str, language: str) -> list[str] | None:
+        got = memo.FILE_INCLUDES.take(scope, language, text)  # left by this revision's chunk steps in this process
+        held[0] += got is not None
+        return got
+
     spill = repo_documents.RevisionSpill(work / "files.arrow", lambda s: tk.encode_batch(tok, s),
-                                         keep_parsed=lambda text, parsed: memo.PARSED.put(scope, text, parsed))
+                                         keep_parsed=lambda text, parsed: memo.PARSED.put(scope, text, parsed),
+                                         known_spellings=held_spellings)
     license_of: dict[str, str] = {}
     shard_of: dict[str, int] = {}
     revisions = set()
@@ -95,6 +105,7 @@ def compute(ctx) -> Result:
             revisions.add(_spill_shard(ref, spill, license_of, shard_of, j, bodies))
     finally:
         spill.close()
+        memo.FILE_INCLUDES.drop(scope)
     revisions.discard(None)
     revision = min(revisions) if revisions else ""
     pieces, figs = repo_documents.plan_pieces(spill, P3.row_length)
@@ -136,7 +147,7 @@ def compute(ctx) -> Result:
     n_files = np.fromiter((len(ps) for ps in pieces.pieces), dtype=np.int64, count=len(pieces.pieces))
     figures = {**figs, "p3_repo_docs": len(pieces.pieces) + fallback_rows, "p3_repo_tokens": tokens,
                "multi_file_pieces": int((n_files > 1).sum()), "max_files_per_piece": int(n_files.max(initial=0)),
-               "fallback_documents": fallback_rows, "files_from_sample_ids": known[0]}
+               "fallback_documents": fallback_rows, "files_from_sample_ids": known[0], "files_with_held_includes": held[0]}
     return Result({"p3_repo_documents": out_path}, figures)
 
 
@@ -202,5 +213,6 @@ STAGE = Stage(
     inputs=(catalog.TOKENIZED, catalog.TOKENIZER, catalog.TOKENIZER_MANIFEST, catalog.TOKENIZER_SAMPLE_IDS),
     outputs=(catalog.FAMILY_DOCUMENTS["p3_repo"],), gates=(pieces_hold_whole_files,),
     figures=("files", "includes_resolved", "includes_after_includer", "pieces", "oversized_files", "p3_repo_docs",
-             "p3_repo_tokens", "multi_file_pieces", "max_files_per_piece", "fallback_documents", "files_from_sample_ids"),
+             "p3_repo_tokens", "multi_file_pieces", "max_files_per_piece", "fallback_documents", "files_from_sample_ids",
+             "files_with_held_includes"),
 )

@@ -17,7 +17,10 @@ per-file languages and piece numbers, one batch, one 64-document output row grou
 ran just before in this process (one step), each file's tree-sitter parse is taken from
 it (:data:`megacpp_core.memo.PARSED`, at most
 :data:`~megacpp_core.memo.MAX_PARSED_BYTES`) instead of parsed again; the memo is
-emptied when the stage ends.
+emptied when the stage ends. A file the revision's chunk step enriched in this process
+(:data:`megacpp_core.memo.FILE_ENRICHMENT`, ``megacpp run``'s workers) is not enriched
+again (``files_with_held_enrichment``); what the revision left there is dropped when the
+stage ends.
 """
 
 from __future__ import annotations
@@ -86,7 +89,8 @@ def compute(ctx) -> Result:
         raise StageError(f"structure_documents: {repo_documents.FILE_SEP} is id {sep}, expected its fixed id {FILE_SEP_ID}")
     scope = ctx.partition.key  # p3_repo's parses of this revision's files, when it ran in this step
     builder = sd.StructureBuilder(languages, _fallback_loader(shards), _lane(ctx), table_bytes, lengths, sep,
-                                  parsed=lambda text: memo.PARSED.take(scope, text))
+                                  parsed=lambda text: memo.PARSED.take(scope, text),
+                                  enriched=lambda text, language: memo.FILE_ENRICHMENT.take(scope, language, text))
     out_path = ctx.workdir("p4-") / "p4_structure_documents.parquet"
     try:
         with ParquetStream(out_path, _schema(ref), family_documents.DOCUMENT_ROW_GROUP, whole_row_groups=True) as out:
@@ -96,8 +100,10 @@ def compute(ctx) -> Result:
             out.add_metadata({family_documents.TOKENIZER_KEY.decode(): info["sha256"]})
     finally:
         memo.PARSED.clear()
+        memo.FILE_ENRICHMENT.drop(scope)
     figs = builder.figures()
-    figures = {"p4_structure_docs": figs.pop("docs"), **figs, "semantic_graph": bool(ctx.settings.semantic_graph)}
+    figures = {"p4_structure_docs": figs.pop("docs"), **figs, "semantic_graph": bool(ctx.settings.semantic_graph),
+               "files_with_held_enrichment": builder.held}
     return Result({P4.name: out_path}, figures)
 
 
@@ -160,5 +166,5 @@ STAGE = Stage(
     outputs=(P4,), settings=("semantic_graph",), gates=(same_documents_as_p3,),
     figures=("p4_structure_docs", "tokens", "chunks", "call_edges", "type_edges", "cross_file_call_edges",
              "cross_file_type_edges", "lane_edges_across_pieces", "chunks_without_tokens", "structure_token_share",
-             "semantic_graph"),
+             "semantic_graph", "files_with_held_enrichment"),
 )
