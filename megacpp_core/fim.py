@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import pack
+from . import pack, snapshot_tokenizer
 from . import tokenizer as tk
 
 FIM_PREFIX_ID = tk.SPECIAL_TOKENS.index("<FIM_PREFIX>")
@@ -187,7 +187,7 @@ def token_byte_table(tok) -> list[bytes]:
     for s, i in tok.get_vocab(with_added_tokens=False).items():
         if 0 <= i < n:
             strings[i] = s
-    added = {i: a.content for i, a in tok.get_added_tokens_decoder().items() if 0 <= i < n}
+    added = {i: a.content for i, a in snapshot_tokenizer.added_tokens(tok).items() if 0 <= i < n}
     for i in added:
         strings[i] = ""  # their content's UTF-8, below
     cps = np.frombuffer("".join(strings).encode("utf-32-le"), dtype=np.uint32)

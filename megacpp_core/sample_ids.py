@@ -120,6 +120,7 @@ def _printable(c: str) -> bool:
 
 
 def _header_safe(tok) -> bool:
+    from . import snapshot_tokenizer
     from . import tokenizer as tk
 
     if not tok.encode_special_tokens or tok.truncation is not None or tok.padding is not None:
@@ -128,7 +129,7 @@ def _header_safe(tok) -> bool:
         return False
     if tok.pre_tokenizer.__getstate__() != tk.new_tokenizer(True).pre_tokenizer.__getstate__():
         return False
-    for t in tok.get_added_tokens_decoder().values():
+    for t in snapshot_tokenizer.added_tokens(tok).values():
         c = t.content
         if t.lstrip or t.rstrip or (t.single_word and c.endswith("\n")):
             return False

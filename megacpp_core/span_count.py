@@ -56,6 +56,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import snapshot_tokenizer
 from . import tokenizer as tk
 from .tokenize import byte_table
 
@@ -94,7 +95,7 @@ def locality_margin(tok) -> int | None:
             or tok.truncation is not None or tok.padding is not None or not tok.encode_special_tokens):
         return None
     longest = 0
-    for added in tok.get_added_tokens_decoder().values():
+    for added in snapshot_tokenizer.added_tokens(tok).values():
         s = added.content
         if added.lstrip or added.rstrip:
             return None
@@ -114,7 +115,7 @@ def added_prefixes(tok) -> frozenset[str]:
     made. The common prefixes come from one numpy comparison of the contents as a
     fixed-width code-point array (a hybrid tokenizer has tens of thousands of added tokens,
     most of them ``<RESERVED_BPE_i>``: 600,000 prefixes made one by one, 67,000 distinct)."""
-    contents = sorted({a.content for a in tok.get_added_tokens_decoder().values()} - {""})
+    contents = sorted({a.content for a in snapshot_tokenizer.added_tokens(tok).values()} - {""})
     if not contents:
         return frozenset()
     if len(contents) * max(map(len, contents)) <= _PREFIX_ARRAY_CELLS and not any("\0" in c for c in contents):

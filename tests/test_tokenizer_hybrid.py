@@ -267,3 +267,22 @@ def test_tokenizer_stage_uses_pinned_file(tiny_layout, tmp_path):
     p.write_text(yaml.safe_dump({**base, "name": "tiny", "tokenizer": {"path": str(src), "sha256": "0" * 64}}))
     with pytest.raises(stages.StageError, match="pinned tokenizer refused"):
         stages.run("tokenizer", lay.data_root, load_manifest(p))
+
+
+def test_added_tokens_are_converted_once_per_tokenizer_and_again_when_it_gains_some(build):
+    """:func:`megacpp_core.snapshot_tokenizer.added_tokens`: the hybrid tokenizer's added
+    tokens as ``get_added_tokens_decoder`` gives them, the same dict for the same object,
+    a fresh one for another object or once tokens are added."""
+    from tokenizers import Tokenizer
+
+    from megacpp_core import snapshot_tokenizer
+
+    tok = Tokenizer.from_str(build.tokenizer.to_str())
+    first = snapshot_tokenizer.added_tokens(tok)
+    assert {i: a.content for i, a in first.items()} == {i: a.content for i, a in tok.get_added_tokens_decoder().items()}
+    assert len(first) > 1000 and snapshot_tokenizer.added_tokens(tok) is first
+    other = Tokenizer.from_str(build.tokenizer.to_str())
+    assert snapshot_tokenizer.added_tokens(other) is not first
+    other.add_tokens(["<NEW_ADDED_TOKEN>"])
+    again = snapshot_tokenizer.added_tokens(other)
+    assert "<NEW_ADDED_TOKEN>" in {a.content for a in again.values()} and len(again) == len(first) + 1
