@@ -449,9 +449,10 @@ def enrich_file(text: str, language: str, parsed: ParsedSource | None = None) ->
             if not items:
                 return
             pos = parsed.chars(np.asarray([b for b, _ in items], dtype=np.int64))
-            which = np.searchsorted(ustarts, pos, side="right") - 1
+            which = np.maximum(np.searchsorted(ustarts, pos, side="right") - 1, 0)
+            lists = [getattr(u, attr) for u in units]
             for (_, name), p, u in zip(items, pos.tolist(), which.tolist()):
-                getattr(units[max(u, 0)], attr).append((p, name))
+                lists[u].append((p, name))
 
         assign(w.fn_defs, "defines")
         assign(w.type_defs, "types")
