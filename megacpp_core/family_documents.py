@@ -240,19 +240,29 @@ def file_documents(docs: pa.Table, budget: int, bos_id: int) -> tuple[pa.Table, 
     members: dict[str, list[int]] = {}
     for i, f in enumerate(files):
         members.setdefault(f, []).append(i)
-    out, whole, fallback = [], 0, 0
+    # rows as they are (a one-chunk file, a file over budget) are taken by index; a
+    # joined file is built in Python and put in its place: ``slots`` holds, per output
+    # row, its index in the taken rows or -1 - its index in the joined ones
+    taken, joined, slots, whole, fallback = [], [], [], 0, 0
     for f, idx in members.items():
         idx = sorted(idx, key=lambda i: chunk[i])
         if [int(chunk[i]) for i in idx] != list(range(int(n_chunks[idx[0]]))):
             raise FamilyError(f"{f}: chunks {[int(chunk[i]) for i in idx]} of {int(n_chunks[idx[0]])} in this shard")
         if len(idx) > 1 and 1 + int((n_tok[idx] - 1).sum()) <= budget:
-            out.append(_join_file(t.take(pa.array(idx, pa.int64())).to_pylist(), bos_id, optional))
+            slots.append(-1 - len(joined))
+            joined.append(_join_file(t.take(pa.array(idx, pa.int64())).to_pylist(), bos_id, optional))
             whole += 1
             continue
         if 1 + int((n_tok[idx] - 1).sum()) > budget:
             fallback += 1
-        out += t.select(schema.names).take(pa.array(idx, pa.int64())).to_pylist()
-    table = pa.Table.from_pylist(out, schema=schema) if out else schema.empty_table()
+        slots += range(len(taken), len(taken) + len(idx))
+        taken += idx
+    rows = t.select(schema.names).take(pa.array(taken, pa.int64())).cast(schema)
+    if joined:
+        at = np.asarray(slots, np.int64)
+        rows = pa.concat_tables([rows, pa.Table.from_pylist(joined, schema=schema)]).take(
+            pa.array(np.where(at >= 0, at, len(taken) - 1 - at)))
+    table = rows.combine_chunks() if slots else schema.empty_table()
     return table, {"whole_files": whole + sum(len(v) == 1 for v in members.values()), "fallback_files": fallback}
 
 
