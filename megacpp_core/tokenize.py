@@ -159,6 +159,22 @@ def ids_bytes(tok, sha256: str | None, ids: np.ndarray, bounds: np.ndarray) -> t
     return token_offsets[bounds], data
 
 
+def decode_ids(tok, sha256: str | None, ids: np.ndarray) -> str:
+    """:func:`megacpp_core.tokenizer.decode` of ``ids`` (one document's or piece's, any
+    integer dtype) for a byte-level tokenizer: its ids' bytes (:func:`ids_bytes`, one
+    ``take``) as UTF-8, or, when they are not valid UTF-8 (an id sequence that splits a
+    character), the tokenizer's own lossy decode. ``ValueError`` for an id outside the
+    vocabulary, as :func:`~megacpp_core.tokenizer.decode`."""
+    ids = np.asarray(ids, dtype=np.int64).ravel()
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= len(byte_array(tok, sha256))):
+        raise ValueError(f"token id out of range: min {int(ids.min())}, max {int(ids.max())}")
+    offsets, data = ids_bytes(tok, sha256, ids, np.asarray([0, ids.size], np.int64))
+    try:
+        return data.to_pybytes()[offsets[0]:offsets[1]].decode("utf-8") if ids.size else ""
+    except UnicodeDecodeError:
+        return tk.decode(tok, ids)
+
+
 def token_char_spans(text: str, ids: np.ndarray, table: list[bytes], lengths: np.ndarray,
                      doc_key: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Character span ``[start, end)`` of every token of a BOS-prefixed document.

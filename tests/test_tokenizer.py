@@ -162,6 +162,29 @@ def test_decode_does_not_skip_specials_or_bad_ids(build):
         T.decode(tok, [-1])
 
 
+def test_decode_ids_is_the_tokenizers_decode_on_hostile_texts_and_split_characters(build):
+    """:func:`megacpp_core.tokenize.decode_ids` (the ids' bytes as UTF-8) equals the
+    tokenizer's decode: whole hostile texts, specials among the ids, every prefix of a
+    multi-byte text (cuts inside characters fall back to the lossy decode) and no ids;
+    bad ids raise as decode does."""
+    from megacpp_core import tokenize
+
+    tok = build.tokenizer
+    for text in HOSTILE.values():
+        ids = T.encode(tok, text)
+        assert tokenize.decode_ids(tok, None, ids) == T.decode(tok, ids) == text
+    ids = np.concatenate([[T.BOS_ID], T.encode(tok, HOSTILE["emoji"] + HOSTILE["unicode"]), [T.BOS_ID]])
+    split = 0
+    for k in range(len(ids) + 1):
+        want = T.decode(tok, ids[:k])
+        split += "\ufffd" in want
+        assert tokenize.decode_ids(tok, None, ids[:k]) == want, k
+    assert split > 0  # some cuts did split a character
+    for bad in ([VOCAB], [-1]):
+        with pytest.raises(ValueError):
+            tokenize.decode_ids(tok, None, np.asarray(bad))
+
+
 def test_save_load_and_manifest(build, tmp_path):
     manifest = T.save_tokenizer(build, tmp_path, extra={"snapshot": "s1"})
     path = tmp_path / T.TOKENIZER_FILE

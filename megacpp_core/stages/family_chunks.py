@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pyarrow.compute as pc
 
-from .. import catalog, families, family_documents, pack, snapshot_tokenizer
+from .. import catalog, families, family_documents, pack, snapshot_tokenizer, tokenize
 from .. import tokenizer as tk
 from ..stage import Partitioning, Result, Stage
 
@@ -28,8 +28,8 @@ def compute(ctx) -> Result:
     names = ref.schema().names
     docs = ref.read(columns=[c for c in family_documents.READ_COLUMNS if c in names])
     ends_line, inside = family_documents.tokenizer_flags(tok, info["sha256"])
-    p1, p1_figs = family_documents.phase1_documents(docs, P1.row_length, lambda ids: tk.decode(tok, ids), ends_line, inside,
-                                                    tk.BOS_ID)
+    p1, p1_figs = family_documents.phase1_documents(docs, P1.row_length, lambda ids: tokenize.decode_ids(tok, info["sha256"], ids),
+                                                    ends_line, inside, tk.BOS_ID)
     split = families.split_phase1(p1)
     p2, p2_figs = family_documents.file_documents(docs, P2.row_length, tk.BOS_ID)
     meta = {family_documents.TOKENIZER_KEY: info["sha256"].encode()}
