@@ -4,8 +4,11 @@ The chunk stage encodes every kept file whole (its exact token budgets need the 
 and most files fit in one chunk whose text is the whole file (692 of 824 documents,
 1.03 M of 1.83 M tokens on ``default``); the tokenize stage then encodes those same texts
 again. When the two run in one Dagster step (the step group ``chunk__tokenize__…``, one
-process), chunk puts each file's ids here and tokenize takes the ids of every document
-whose text is one of them instead of encoding it again. Encoding is deterministic, so the
+process), chunk puts each file's ids here, and the ids of each document of a file it
+split (built by the file's span counter from the whole file's ids and the short pieces
+it encoded at the document's ends, :meth:`megacpp_core.span_count.SpanCounter.ids`), and
+tokenize takes the ids of every document whose text is one of them instead of encoding
+it again. Encoding is deterministic (and the counter's pieces are exact), so the
 ids are the ones tokenize would compute; tokenize still decodes every document and
 compares it with its text (its round-trip check), hit or miss.
 

@@ -165,6 +165,7 @@ class SpanCounter:
                  prefixes: frozenset[str] = frozenset()):
         self.tok, self.text, self.margin, self.lengths, self.prefixes = tok, text, margin, lengths, prefixes
         self.n: int | None = len(ids)
+        self.whole = ids
         self.encoded_chars = 0
         self.hard = np.zeros(0, dtype=np.int64)
         self._reach: dict[int, int] = {}
@@ -174,7 +175,7 @@ class SpanCounter:
         src = text.encode("utf-8", "surrogatepass")
         widths = lengths[np.asarray(ids, dtype=np.int64)]
         if int(widths.sum()) != len(src):  # not this text's ids: count every span
-            self.margin, self.n = None, None
+            self.margin, self.n, self.whole = None, None, None
             return
         starts = np.cumsum(widths) - widths  # byte offset of every token
         b = np.frombuffer(src, dtype=np.uint8)
@@ -218,28 +219,55 @@ class SpanCounter:
             out = self._reach[h] = e
         return out
 
-    def __call__(self, a: int, b: int) -> int:
-        """Exact ``len(encode(text[a:b]))`` (see the module docstring)."""
-        text, hard = self.text, self.hard
-        end = len(text)
-        if a == 0 and b == end and self.n is not None:
-            return self.n
+    def _split(self, a: int, b: int) -> tuple[int, int] | None:
+        """``(h1, hl)`` of the module docstring for the span ``[a, b)``, or None when the
+        span must be encoded whole (no such pair, no locality rule)."""
+        hard = self.hard
         if self.margin is None or not len(hard):
-            return self._count(a, b)
+            return None
         i = int(np.searchsorted(hard, a, side="left"))
         j = int(np.searchsorted(hard, b, side="left")) - 1  # the last hard line start < b
-        if b < end:
+        if b < len(self.text):
             while j >= i and self.reach(int(hard[j])) > b:
                 j -= 1
         if i >= len(hard) or j < i:
-            return self._count(a, b)
-        h1, hl = int(hard[i]), int(hard[j])
-        left = 0
-        if h1 > a:
-            win = np.asarray(self._ids(a, min(self.reach(h1), end)), dtype=np.int64)
-            w = self.lengths[win]
-            cut = self._byte(h1) - self._byte(a)
-            left = int(np.searchsorted(np.cumsum(w) - w, cut, side="left"))
+            return None
+        return int(hard[i]), int(hard[j])
+
+    def _left(self, a: int, h1: int) -> np.ndarray:
+        """The ids of ``encode(text[a : reach(h1)])`` that start before ``h1`` (int64)."""
+        win = np.asarray(self._ids(a, min(self.reach(h1), len(self.text))), dtype=np.int64)
+        w = self.lengths[win]
+        return win[:int(np.searchsorted(np.cumsum(w) - w, self._byte(h1) - self._byte(a), side="left"))]
+
+    def _mid(self, h1: int, hl: int) -> tuple[int, int]:
+        """The index range of the file's own tokens that start in ``[h1, hl)``."""
         ts = self.token_starts
-        mid = int(np.searchsorted(ts, self._byte(hl), side="left") - np.searchsorted(ts, self._byte(h1), side="left"))
-        return left + mid + self._count(hl, b)
+        return int(np.searchsorted(ts, self._byte(h1), side="left")), int(np.searchsorted(ts, self._byte(hl), side="left"))
+
+    def __call__(self, a: int, b: int) -> int:
+        """Exact ``len(encode(text[a:b]))`` (see the module docstring)."""
+        if a == 0 and b == len(self.text) and self.n is not None:
+            return self.n
+        split = self._split(a, b)
+        if split is None:
+            return self._count(a, b)
+        h1, hl = split
+        lo, hi = self._mid(h1, hl)
+        return (len(self._left(a, h1)) if h1 > a else 0) + hi - lo + self._count(hl, b)
+
+    def ids(self, a: int, b: int) -> np.ndarray:
+        """Exactly ``encode(text[a:b]).ids`` (uint32), made as :meth:`__call__` counts:
+        the left piece's tokens before ``h1``, the file's own tokens in ``[h1, hl)`` and
+        ``encode(text[hl:b])`` — the same reasoning gives the same tokens, not only as
+        many; a span without that split is encoded whole."""
+        if a == 0 and b == len(self.text) and self.whole is not None:
+            return np.asarray(self.whole, dtype=np.uint32)
+        split = self._split(a, b)
+        if split is None:
+            return np.asarray(self._ids(a, b), dtype=np.uint32)
+        h1, hl = split
+        lo, hi = self._mid(h1, hl)
+        parts = [self._left(a, h1) if h1 > a else np.zeros(0, np.int64),
+                 np.asarray(self.whole[lo:hi], dtype=np.int64), np.asarray(self._ids(hl, b), dtype=np.int64)]
+        return np.concatenate(parts).astype(np.uint32)

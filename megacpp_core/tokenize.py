@@ -52,7 +52,8 @@ def tokenize_documents(documents: pa.Table, tok, vocab_size: int, batch: int = 2
     held about 1 GB of them).
 
     ``sha256``: the sha256 of ``tok``'s ``tokenizer.json``; when given, a document whose
-    text the chunk stage of this process encoded whole takes those ids from
+    ids the chunk stage of this process made (a whole file, or a document of a file it
+    split) takes those ids from
     :data:`megacpp_core.ids_memo.MEMO` instead of being encoded again (the same ids; its
     decode is checked all the same), and the memo is emptied at the end.
     """

@@ -98,22 +98,27 @@ def test_a_wrong_id_in_the_memo_fails_the_round_trip_and_another_tokenizer_is_no
     assert tokenize.tokenize_documents(docs, tok, vocab, sha256=sha)[0].equals(plain)
 
 
-def test_chunk_keeps_every_files_whole_ids(tiny):
+def test_chunk_keeps_every_files_whole_ids_and_the_exact_ids_of_every_document_of_a_split_file(tiny):
+    """On real files cut at a small budget (many files split): every file's whole ids and
+    every document's ids of a split file, each exactly the tokenizer's encoding of its
+    text (the split documents' ids come from the span counter's pieces)."""
     lay, tok, sha, _ = tiny
     kept = lay.kept_files(["doc_key", "text", "language", "source", "path", "archive_sha256", "license_class"])
     d = kept.slice(0, 60).to_pydict()
     got: dict[str, np.ndarray] = {}
-    chunk_stage.chunk_rows(d, tok, sha, 1023, False, keep_ids=lambda t, ids: got.setdefault(t, ids))
-    want = tk.encode_batch(tok, d["text"])
-    assert len(got) == len(set(d["text"]))
-    assert all(np.array_equal(got[t], w) and got[t].dtype == np.uint32 for t, w in zip(d["text"], want))
+    cols, tally = chunk_stage.chunk_rows(d, tok, sha, 1023, False, keep_ids=lambda t, ids: got.setdefault(t, ids))
+    split_docs = [t for t, n in zip(cols["text"], cols["n_chunks"]) if n > 1]
+    assert tally["split_files"] > 5 and len(split_docs) > 20
+    assert set(got) == set(d["text"]) | set(split_docs)
+    texts = sorted(got)
+    assert all(got[t].dtype == np.uint32 and np.array_equal(got[t], w) for t, w in zip(texts, tk.encode_batch(tok, texts)))
 
 
-def test_chunk_then_tokenize_in_one_process_encode_only_the_split_files(tiny_run, tmp_path, monkeypatch):
+def test_chunk_then_tokenize_in_one_process_encode_nothing_again(tiny_run, tmp_path, monkeypatch):
     """The wiring, as a step runs them: the chunk stage then the tokenize stage of one
-    ``tiny`` shard in this process. Tokenize encodes only the chunks of split files (the
-    whole files' ids come from chunk), run alone it encodes every document, and both
-    write the bytes of the session's ``megacpp run``."""
+    ``tiny`` shard in this process. Tokenize encodes nothing (every document's ids come
+    from chunk: whole files, and the documents of split files), run alone it encodes every
+    document, and both write the bytes of the session's ``megacpp run``."""
     import shutil
 
     from megacpp_core import stages
@@ -135,6 +140,6 @@ def test_chunk_then_tokenize_in_one_process_encode_only_the_split_files(tiny_run
         encoded = _counting_encoder(monkeypatch)
         assert stages.run("tokenize", str(tmp_path), manifest, "pybind11-3.1.0", "000").ok
         monkeypatch.undo()
-        assert len(encoded) == (len(docs) if alone else sum(n > 1 for n in docs))
+        assert len(encoded) == (len(docs) if alone else 0)
         assert (shard / "tokenized.parquet").read_bytes() == want
         assert len(ids_memo.MEMO) == 0

@@ -1,6 +1,7 @@
 """SpanCounter (stage 6): exact token counts of spans from one encoding of the file.
 
-Every check compares ``SpanCounter(a, b)`` with ``len(encode(text[a:b]))`` of the real
+Every check compares ``SpanCounter(a, b)`` with ``len(encode(text[a:b]))`` (and
+``SpanCounter.ids(a, b)`` with the ids themselves) of the real
 code tokenizer (trained here on small C/C++ files, with the fixed bands' added tokens).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from megacpp_core import span_count
@@ -121,8 +123,10 @@ def test_span_counts_equal_encoding_each_span(tok):
         counter = span_count.SpanCounter(tok, text, ids, lengths, margin, prefixes)
         assert len(counter.hard) > 1 or name in ("no_newline",), name
         for a, b in _spans(text, rng, 150):
-            want = len(tok.encode(text[a:b], add_special_tokens=False).ids)
-            assert counter(a, b) == want, (name, a, b, text[max(0, a - 5):a + 20], text[max(0, b - 20):b + 5])
+            want = tok.encode(text[a:b], add_special_tokens=False).ids
+            assert counter(a, b) == len(want), (name, a, b, text[max(0, a - 5):a + 20], text[max(0, b - 20):b + 5])
+            got = counter.ids(a, b)
+            assert got.dtype == np.uint32 and got.tolist() == want, (name, a, b)
             checked += 1
     assert checked > 1000
 
@@ -147,6 +151,7 @@ def test_span_counter_falls_back_without_the_locality_rule(tok):
         assert counter.margin is None
         for a, b in ((0, 7), (3, 14), (7, 14), (0, 14)):
             assert counter(a, b) == len(tok.encode(text[a:b], add_special_tokens=False).ids)
+            assert counter.ids(a, b).tolist() == tok.encode(text[a:b], add_special_tokens=False).ids
         assert counter.encoded_chars > 0
 
 

@@ -97,7 +97,9 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     kept and its spans are counted from them
     (:class:`~megacpp_core.span_count.SpanCounter`), encoding only each span's ends.
     ``keep_ids(text, ids)``, when given, receives every file's whole ids (uint32[n]; the
-    stage hands them to tokenize through :data:`megacpp_core.ids_memo.MEMO`).
+    stage hands them to tokenize through :data:`megacpp_core.ids_memo.MEMO`) and the ids
+    of every document of a split file (:meth:`~megacpp_core.span_count.SpanCounter.ids`:
+    its counter's pieces, not a new encoding of the document).
     ``known_ids[i]``, when given and not None, is file ``i``'s ids already (uint32[n], the
     tokenizer's sample ids, :mod:`megacpp_core.sample_ids`): that file is not encoded.
     ``keep_file(text, language, parsed, enrichment)``, when given, receives every non-empty
@@ -147,6 +149,8 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
             tally["span_encoded_chars"] += spans.encoded_chars if spans is not None else 0
             for j, c in enumerate(chunks):
                 doc_text = text[c.start:c.end]
+                if keep_ids is not None and spans is not None and len(chunks) > 1:
+                    keep_ids(doc_text, spans.ids(c.start, c.end))
                 for name, value in (("doc_key", f"{key}#{j}"), ("file_key", key),
                                     ("source", d["source"][i]), ("path", d["path"][i]), ("revision", d["archive_sha256"][i]),
                                     ("language", language), ("license_class", d["license_class"][i]),
