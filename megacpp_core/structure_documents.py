@@ -195,12 +195,13 @@ def document_structure(n_chars: int, segments: Sequence[Segment], files: Mapping
     return Structure({c: p.tobytes() for c, p in planes.items()}, chunks, out, cross["call"], cross["type"])
 
 
-def token_structure(text: str, ids: np.ndarray, structure: Structure, table: list[bytes], lengths: np.ndarray,
-                    doc_key: str = "") -> dict:
+def token_structure(text: str, ids: np.ndarray, structure: Structure, table: list[bytes] | pa.LargeBinaryArray,
+                    lengths: np.ndarray, doc_key: str = "") -> dict:
     """Step 5: ``{plane: uint8[len(ids)]}`` for the five planes, ``chunk_boundaries`` in
     token positions, ``call_edges``, ``type_edges`` (chunk indices after dropping chunks
     no token starts in) and ``platform_ids`` (sorted uint16 ids, ≤ 20) of one BOS-prefixed
-    document. ``table``/``lengths``: :func:`megacpp_core.tokenize.byte_table`. Raises
+    document. ``table``/``lengths``: the bytes of every id and their lengths
+    (:func:`megacpp_core.tokenize.token_char_spans`). Raises
     :class:`~megacpp_core.tokenize.AlignmentError` naming ``doc_key`` when the ids do not
     spell ``text``."""
     spans = tokenize.token_char_spans(text, ids, table, lengths, doc_key)
@@ -263,7 +264,7 @@ class StructureBuilder:
     :func:`structure_table`."""
 
     def __init__(self, languages: Mapping[str, str], fallback_file: Callable[[str], tuple[str, Mapping[str, tuple[int, int]]]],
-                 lane: Lane | None, table: list[bytes], lengths: np.ndarray, file_sep_id: int,
+                 lane: Lane | None, table: list[bytes] | pa.LargeBinaryArray, lengths: np.ndarray, file_sep_id: int,
                  parsed: Callable[[str], object] | None = None,
                  enriched: Callable[[str, str], enrich.FileEnrichment | None] | None = None):
         from .chunk import StructureCategory
@@ -356,8 +357,8 @@ class StructureBuilder:
 
 
 def structure_table(p3: pa.Table, languages: Mapping[str, str], fallback: Mapping[str, tuple[int, int]],
-                    fallback_texts: Mapping[str, str], lane: Lane | None, table: list[bytes], lengths: np.ndarray,
-                    file_sep_id: int) -> tuple[pa.Table, dict]:
+                    fallback_texts: Mapping[str, str], lane: Lane | None, table: list[bytes] | pa.LargeBinaryArray,
+                    lengths: np.ndarray, file_sep_id: int) -> tuple[pa.Table, dict]:
     """The ``p4_structure`` documents of one revision's ``p3_repo`` documents ``p3``
     (:func:`megacpp_core.family_documents.repo_family_table`: pieces with ``paths`` and
     ``offsets``; fallback chunks with null ``paths``), in ``p3``'s row order and with its
@@ -367,8 +368,8 @@ def structure_table(p3: pa.Table, languages: Mapping[str, str], fallback: Mappin
     ``languages``: ``{path: stage-1 language}`` of the revision's kept files;
     ``fallback``: ``{doc_key: (start, end)}`` character span in its file of every fallback
     document; ``fallback_texts``: ``{path: whole file text}`` of their files; ``lane``:
-    :func:`lane_from_tables` or None; ``table``/``lengths``: the tokenizer's byte table
-    (:func:`megacpp_core.tokenize.byte_table`); ``file_sep_id``: the ``<FILE_SEP>`` id.
+    :func:`lane_from_tables` or None; ``table``/``lengths``: the bytes of every id of the
+    tokenizer and their lengths (:func:`megacpp_core.tokenize.token_char_spans`); ``file_sep_id``: the ``<FILE_SEP>`` id.
     Returns ``(table, figures)`` with figures ``docs``, ``tokens``, ``chunks``,
     ``call_edges``, ``type_edges``, ``cross_file_call_edges``, ``cross_file_type_edges``,
     ``lane_edges_across_pieces``, ``chunks_without_tokens``, ``structure_token_share``.

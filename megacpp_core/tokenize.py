@@ -176,7 +176,21 @@ def decode_ids(tok, sha256: str | None, ids: np.ndarray) -> str:
         return tk.decode(tok, ids)
 
 
-def token_char_spans(text: str, ids: np.ndarray, table: list[bytes], lengths: np.ndarray,
+def _spelled(table: list[bytes] | pa.LargeBinaryArray, body: np.ndarray, src: bytes) -> bool:
+    """Whether the bytes of token ids ``body`` (int64, in range) are exactly ``src``:
+    one arrow ``take`` of a ``LargeBinaryArray`` table (:func:`byte_array`), or a join of
+    a ``list[bytes]`` one (:func:`byte_table`)."""
+    if not isinstance(table, pa.Array):
+        return b"".join([table[i] for i in body.tolist()]) == src
+    got = table.take(pa.array(body))
+    offsets = np.frombuffer(got.buffers()[1], np.int64, count=len(got) + 1, offset=got.offset * 8)
+    data = got.buffers()[2]
+    if data is None:
+        return src == b""
+    return data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).equals(pa.py_buffer(src))
+
+
+def token_char_spans(text: str, ids: np.ndarray, table: list[bytes] | pa.LargeBinaryArray, lengths: np.ndarray,
                      doc_key: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Character span ``[start, end)`` of every token of a BOS-prefixed document.
 
@@ -184,7 +198,9 @@ def token_char_spans(text: str, ids: np.ndarray, table: list[bytes], lengths: np
     ``(0, 0)``; a token holding part of a multi-byte character spans that whole character
     (so two neighbours may share it). The tokens' bytes must concatenate to exactly the
     UTF-8 of ``text`` (surrogates passed through); otherwise :class:`AlignmentError` names
-    the document — a missing or extra span never produces metadata.
+    the document — a missing or extra span never produces metadata. ``table``: the bytes
+    of every id, :func:`byte_array` (checked with one ``take``) or :func:`byte_table`'s
+    list; ``lengths`` their byte lengths.
     """
     body = np.asarray(ids[1:], dtype=np.int64)
     src = text.encode("utf-8", "surrogatepass")
@@ -193,7 +209,7 @@ def token_char_spans(text: str, ids: np.ndarray, table: list[bytes], lengths: np
     widths = lengths[body]
     if int(widths.sum()) != len(src) or (widths.size and int(widths.min()) == 0):
         raise AlignmentError(f"{doc_key}: token byte spans cover {int(widths.sum())} of {len(src)} bytes")
-    if b"".join([table[i] for i in body.tolist()]) != src:
+    if not _spelled(table, body, src):
         raise AlignmentError(f"{doc_key}: token bytes do not spell the document text")
     ends = np.cumsum(widths)
     starts = ends - widths
@@ -312,7 +328,8 @@ def align_enrichment(table: pa.Table, tok, tokenizer_sha256: str) -> tuple[pa.Ta
     from .chunk import StructureCategory
 
     columns = token_enriched_columns()
-    table_bytes, lengths = byte_table(tok, tokenizer_sha256)
+    lengths = byte_table(tok, tokenizer_sha256)[1]
+    table_bytes = byte_array(tok, tokenizer_sha256)
     ids_col = table.column("input_ids").combine_chunks()
     offsets = ids_col.offsets.to_numpy()
     flat = ids_col.values.to_numpy(zero_copy_only=False)

@@ -94,19 +94,31 @@ def _doc(snap, i=3):
     return row
 
 
-def test_alignment_fails_closed(snap):
+def _table(snap, form: str):
+    """The byte table as ``token_char_spans`` takes it: a ``list[bytes]`` or one arrow array."""
+    return snap["table"] if form == "list" else tokenize.byte_array(snap["tok"])
+
+
+@pytest.mark.parametrize("form", ["list", "arrow"])
+def test_alignment_fails_closed(snap, form):
     d = _doc(snap)
     ids = np.asarray(d["input_ids"], dtype=np.uint32)
-    spans = tokenize.token_char_spans(d["text"], ids, snap["table"], snap["lengths"], d["doc_key"])
+    table = _table(snap, form)
+    spans = tokenize.token_char_spans(d["text"], ids, table, snap["lengths"], d["doc_key"])
     out = tokenize.align_document(d["text"], ids, spans, d["planes"], d["chunks"], d["calls"], d["types"], d["doc_key"])
     assert all(len(out[p]) == len(ids) for p in pack.PLANES)
     with pytest.raises(tokenize.AlignmentError, match="cover"):  # a token missing
-        tokenize.token_char_spans(d["text"], ids[:-1], snap["table"], snap["lengths"], d["doc_key"])
+        tokenize.token_char_spans(d["text"], ids[:-1], table, snap["lengths"], d["doc_key"])
     swapped = ids.copy()
     swapped[[1, 2]] = swapped[[2, 1]]
-    if swapped[1] != ids[1]:
-        with pytest.raises(tokenize.AlignmentError, match="spell"):  # same bytes count, wrong text
-            tokenize.token_char_spans(d["text"], swapped, snap["table"], snap["lengths"], d["doc_key"])
+    assert swapped[1] != ids[1]
+    with pytest.raises(tokenize.AlignmentError, match="spell"):  # same bytes count, wrong text
+        tokenize.token_char_spans(d["text"], swapped, table, snap["lengths"], d["doc_key"])
+    last = ids.copy()  # one byte changed at the very end, the byte count kept
+    same_width = np.flatnonzero((snap["lengths"] == snap["lengths"][last[-1]]) & (np.arange(len(snap["lengths"])) != last[-1]))
+    last[-1] = same_width[0]
+    with pytest.raises(tokenize.AlignmentError, match="spell"):
+        tokenize.token_char_spans(d["text"], last, table, snap["lengths"], d["doc_key"])
     short = dict(d["planes"], char_structure=d["planes"]["char_structure"][:-1])
     with pytest.raises(tokenize.AlignmentError, match="char_structure"):
         tokenize.align_document(d["text"], ids, spans, short, d["chunks"], d["calls"], d["types"], d["doc_key"])
@@ -117,11 +129,12 @@ def test_alignment_fails_closed(snap):
         tokenize.align_document(d["text"], ids, spans, d["planes"], d["chunks"], [{"from": 0, "to": 999}], [], d["doc_key"])
 
 
-def test_non_ascii_and_split_characters(snap):
+@pytest.mark.parametrize("form", ["list", "arrow"])
+def test_non_ascii_and_split_characters(snap, form):
     tok = snap["tok"]
     text = "// naïve ✓ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢\nint f() { return 1; }  // 日本語\n"
     ids = np.concatenate([[tk.BOS_ID], tk.encode(tok, text)]).astype(np.uint32)
-    cs, ce = tokenize.token_char_spans(text, ids, snap["table"], snap["lengths"])
+    cs, ce = tokenize.token_char_spans(text, ids, _table(snap, form), snap["lengths"])
     assert cs[1] == 0 and ce[-1] == len(text)
     assert all(cs[a + 1] in (ce[a], ce[a] - 1) for a in range(1, len(ids) - 1))
     for a in range(1, len(ids)):  # every token's bytes lie inside its character span

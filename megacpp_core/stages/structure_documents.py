@@ -83,7 +83,7 @@ def compute(ctx) -> Result:
     for r in shards:
         t = r.read(columns=["path", "language"])
         languages.update(zip(t.column("path").to_pylist(), t.column("language").to_pylist()))
-    table_bytes, lengths = tokenize.byte_table(tok, info["sha256"])
+    lengths, table_bytes = tokenize.byte_table(tok, info["sha256"])[1], tokenize.byte_array(tok, info["sha256"])
     sep = tok.token_to_id(repo_documents.FILE_SEP)
     if sep != FILE_SEP_ID:
         raise StageError(f"structure_documents: {repo_documents.FILE_SEP} is id {sep}, expected its fixed id {FILE_SEP_ID}")
