@@ -413,9 +413,10 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
 
     With one worker, all in this process, one after another (a pass's snapshot steps in
     one run); this process keeps files' facts across steps meanwhile
-    (:func:`megacpp_core.memo.keep_across_steps`, as every worker does). With more, each pass's units run on a pool of ``workers`` fresh processes
-    (:class:`WorkerPool`), so what a worker loaded for one pass (ScanCode's license index
-    in pass 1) is never carried into the next. A pass followed by another ends its pool
+    (:func:`megacpp_core.memo.keep_across_steps`, as every worker does). With more, each
+    pass's units run on a pool of ``workers`` fresh processes (:class:`WorkerPool`), so
+    what a worker loaded for one pass (ScanCode's license index in pass 1) is never
+    carried into the next. A pass followed by another ends its pool
     and starts the next one (:meth:`WorkerPool.start`) before its snapshot steps run here,
     in one run: the ended workers' shut-down and the new workers' start-up (forked from
     the fork server with their imports done: the definitions, the instance) overlap

@@ -172,8 +172,10 @@ _NO_BYTE = 0xFFFF
 _BYTE_OF = _byte_level_table()
 
 
-def token_byte_table(tok) -> list[bytes]:
-    """Bytes of every id of a byte-level BPE ``tokenizers.Tokenizer`` (index = id).
+def token_byte_table(tok, sha256: str | None = None) -> list[bytes]:
+    """Bytes of every id of a byte-level BPE ``tokenizers.Tokenizer`` (index = id);
+    ``sha256``: its ``tokenizer.json``'s, when known (its added tokens are then converted
+    once per process, :func:`megacpp_core.snapshot_tokenizer.added_tokens`).
 
     Added tokens map to their content's UTF-8, model tokens through the inverse of the
     GPT-2 byte→unicode table used by the ByteLevel pre-tokenizer (a token with a character
@@ -187,7 +189,7 @@ def token_byte_table(tok) -> list[bytes]:
     for s, i in tok.get_vocab(with_added_tokens=False).items():
         if 0 <= i < n:
             strings[i] = s
-    added = {i: a.content for i, a in snapshot_tokenizer.added_tokens(tok).items() if 0 <= i < n}
+    added = {i: a.content for i, a in snapshot_tokenizer.added_tokens(tok, sha256).items() if 0 <= i < n}
     for i in added:
         strings[i] = ""  # their content's UTF-8, below
     cps = np.frombuffer("".join(strings).encode("utf-32-le"), dtype=np.uint32)

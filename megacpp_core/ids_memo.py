@@ -16,7 +16,8 @@ The memo is keyed by the tokenizer's sha256 and the text itself (a dict lookup: 
 hash, then a comparison of equal texts), holds one shard's texts at a time (:meth:`IdsMemo.begin`
 drops what an earlier shard left), and at most :data:`MAX_TOKENS` ids (4 bytes each). It
 keeps the texts it is keyed by alive from chunk to tokenize: one shard's kept text, which
-the chunk stage held anyway. A stage that runs alone, in another process or pod, finds
+the chunk stage held anyway, and the documents of its split files (slices of those texts:
+at most as much again). A stage that runs alone, in another process or pod, finds
 it empty and encodes as before.
 """
 

@@ -38,17 +38,20 @@ process, it leaves:
   (:func:`megacpp_core.enrich.enrich_file`, its planes read-only), which ``p4_structure``
   takes instead of enriching it again.
 
-Both are pure functions of the file's text and stage-1 language, the memo's key, so a
-value taken is the one the later stage would compute. The scope is the revision's
-partition key: ``p4_structure`` drops what its revision left when it ends, and a put
-that would pass the memo's limit first drops the oldest other revisions (a revision whose
-later step ran in another worker). ``megacpp run`` gives a revision's later step to the
-worker whose chunk step released it when that worker is free, which it is, unless the
-other worker finished at the same moment; a miss costs only the work done again.
+Both are pure functions of the file's text and stage-1 language, the memo's key (the
+language and the text's sha256, :func:`text_key`: no text is kept alive), so a value
+taken is the one the later stage would compute. The scope is the revision's partition
+key: ``p3_repo`` and ``p4_structure`` drop what their revision left when they end, and a
+put that would pass the memo's limit first drops the oldest other revisions (a revision
+whose later step ran in another worker). In ``megacpp run`` a revision's later step is
+released when its last chunk step ends, and a worker is given a unit only when it is
+free, so the step mostly goes to the worker that has just chunked the revision; a miss
+costs only the work done again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import weakref
 from collections.abc import Callable
@@ -152,46 +155,56 @@ def across_steps() -> bool:
     return _ACROSS_STEPS[0]
 
 
+def text_key(language: str, text: str) -> tuple[str, bytes]:
+    """The key of ``text`` of stage-1 ``language`` in a :class:`ScopedMemo`: the language and
+    the sha256 of the text's UTF-8 (surrogates passed through), so a memo holds no text
+    alive (about 6 ms for a megabyte of code)."""
+    return language, hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
 class ScopedMemo:
-    """``{(language, text): value}`` for several scopes (revisions) at once, kept across
-    steps while :func:`across_steps` holds, at most ``limit`` in ``size(value)`` units;
-    each value is given once (:meth:`take` removes it). A put that would pass the limit
-    first drops whole scopes other than its own, oldest first; a value alone over the
-    limit is not held. Thread-safe."""
+    """``{(language, sha256 of text): value}`` (:func:`text_key`) for several scopes
+    (revisions) at once, kept across steps while :func:`across_steps` holds, at most
+    ``limit`` in ``size(value)`` units; each value is given once (:meth:`take` removes it).
+    A put that would pass the limit drops whole scopes other than its own, oldest first,
+    when that makes room; one that cannot fit even then (its own scope holds too much,
+    or the value alone is over the limit) is refused and drops nothing. Thread-safe."""
 
     def __init__(self, limit: int, size: Callable[[Any], int]):
         self.limit, self.size = limit, size
         self._lock = threading.Lock()
-        self._scopes: dict[str, dict[tuple[str, str], tuple[Any, int]]] = {}  # oldest scope first
+        self._scopes: dict[str, dict[tuple[str, bytes], tuple[Any, int]]] = {}  # oldest scope first
+        self._scope_used: dict[str, int] = {}
         self._used = 0
 
-    def put(self, scope: str, language: str, text: str, value: Any) -> bool:
-        """Hold ``value`` computed from ``text`` of stage-1 ``language`` under ``scope``;
-        False (nothing held) when this process does not keep values across steps, the
-        key is held already, or the value does not fit."""
+    def put(self, scope: str, key: tuple[str, bytes], value: Any) -> bool:
+        """Hold ``value`` under ``scope`` and ``key`` (:func:`text_key` of the text and
+        language it was computed from); False (nothing held, nothing dropped) when this
+        process does not keep values across steps, the key is held already, or the value
+        does not fit."""
         if not across_steps() or scope is None:
             return False
         n = self.size(value)
         with self._lock:
-            held = self._scopes.get(scope)
-            if n > self.limit or (held is not None and (language, text) in held):
+            held = self._scopes.get(scope, {})
+            if key in held or self._scope_used.get(scope, 0) + n > self.limit:
                 return False
             for old in [s for s in self._scopes if s != scope]:
                 if self._used + n <= self.limit:
                     break
                 self._drop(old)
-            if self._used + n > self.limit:
-                return False
-            self._scopes.setdefault(scope, {})[(language, text)] = (value, n)
+            self._scopes.setdefault(scope, held)[key] = (value, n)
+            self._scope_used[scope] = self._scope_used.get(scope, 0) + n
             self._used += n
             return True
 
-    def take(self, scope: str, language: str, text: str) -> Any:
-        """The value held for ``text`` of ``language`` under ``scope`` (removed), or None."""
+    def take(self, scope: str, key: tuple[str, bytes]) -> Any:
+        """The value held for ``key`` under ``scope`` (removed), or None."""
         with self._lock:
-            got = self._scopes.get(scope, {}).pop((language, text), None)
+            got = self._scopes.get(scope, {}).pop(key, None)
             if got is None:
                 return None
+            self._scope_used[scope] -= got[1]
             self._used -= got[1]
             return got[0]
 
@@ -201,13 +214,13 @@ class ScopedMemo:
             self._drop(scope)
 
     def _drop(self, scope: str) -> None:
-        for _, n in self._scopes.pop(scope, {}).values():
-            self._used -= n
+        self._scopes.pop(scope, None)
+        self._used -= self._scope_used.pop(scope, 0)
 
     def clear(self) -> None:
         """Drop everything held."""
         with self._lock:
-            self._scopes, self._used = {}, 0
+            self._scopes, self._scope_used, self._used = {}, {}, 0
 
     def scopes(self) -> list[str]:
         """The scopes holding values, oldest first."""
@@ -238,8 +251,11 @@ def enrichment_bytes(fe) -> int:
 #: Bytes of ``#include`` spellings :data:`FILE_INCLUDES` holds at most (16 MiB).
 MAX_INCLUDES_BYTES = 16 << 20
 #: Bytes of enrichments :data:`FILE_ENRICHMENT` holds at most, as :func:`enrichment_bytes`
-#: estimates them (256 MiB: about 40 M characters of code at ``default``'s density).
-MAX_ENRICHMENT_BYTES = 256 << 20
+#: estimates them (192 MiB, as :data:`MAX_PARSED_BYTES`: about 33 M characters of code at
+#: ``default``'s 6.1 bytes a character; all of ``default`` is 65 MB). Scopes whose later
+#: step ran in another worker stay until a put needs their room, so this is also what a
+#: worker may keep of them.
+MAX_ENRICHMENT_BYTES = 192 << 20
 #: Each kept file's ``#include`` spellings, from the chunk stage to ``p3_repo`` (module docstring).
 FILE_INCLUDES = ScopedMemo(MAX_INCLUDES_BYTES, includes_bytes)
 #: Each kept file's enrichment, from the chunk stage to ``p4_structure`` (module docstring).

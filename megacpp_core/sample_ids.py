@@ -111,7 +111,7 @@ def header_safe(tok, tokenizer_sha256: str) -> bool:
     ways and uses it only when the two agree. Cached per sha256."""
     got = _SAFE.get(tokenizer_sha256)
     if got is None:
-        got = _SAFE[tokenizer_sha256] = _header_safe(tok)
+        got = _SAFE[tokenizer_sha256] = _header_safe(tok, tokenizer_sha256)
     return got
 
 
@@ -119,7 +119,7 @@ def _printable(c: str) -> bool:
     return "!" <= c <= "~"
 
 
-def _header_safe(tok) -> bool:
+def _header_safe(tok, tokenizer_sha256: str | None = None) -> bool:
     from . import snapshot_tokenizer
     from . import tokenizer as tk
 
@@ -129,7 +129,7 @@ def _header_safe(tok) -> bool:
         return False
     if tok.pre_tokenizer.__getstate__() != tk.new_tokenizer(True).pre_tokenizer.__getstate__():
         return False
-    for t in snapshot_tokenizer.added_tokens(tok).values():
+    for t in snapshot_tokenizer.added_tokens(tok, tokenizer_sha256).values():
         c = t.content
         if t.lstrip or t.rstrip or (t.single_word and c.endswith("\n")):
             return False

@@ -58,19 +58,23 @@ def parsed(sha256: str):
     return _PARSED.get(sha256.lower()) if isinstance(sha256, str) else None
 
 
-#: ``[tokenizer, its vocabulary size with added tokens, its added tokens]`` of the last
-#: tokenizer :func:`added_tokens` was asked about.
-_ADDED: list = [None, -1, None]
+#: ``{sha256: added tokens}`` of the last snapshot tokenizer :func:`added_tokens` was asked about.
+_ADDED: dict[str, dict] = {}
 
 
-def added_tokens(tok) -> dict:
-    """``tok.get_added_tokens_decoder()`` (``{id: tokenizers.AddedToken}``), the same dict
-    again for the same tokenizer object while its vocabulary size (added tokens included)
-    is unchanged: a hybrid vocabulary's 31,000 added tokens take about 80 ms to convert,
-    and four preparations of one stage step ask for them (the FIM byte table, the span
-    counter's margin and prefixes, the sample ids' header check). Only the last tokenizer
-    asked about is kept; callers must not change the dict."""
-    size = tok.get_vocab_size(with_added_tokens=True)
-    if _ADDED[0] is not tok or _ADDED[1] != size:
-        _ADDED[:] = [tok, size, tok.get_added_tokens_decoder()]
-    return _ADDED[2]
+def added_tokens(tok, sha256: str | None = None) -> dict:
+    """``tok.get_added_tokens_decoder()`` (``{id: tokenizers.AddedToken}``). With
+    ``sha256`` (of the ``tokenizer.json`` ``tok`` was parsed from, which the stages never
+    change), the dict is kept for the latest sha256 and given again: a hybrid
+    vocabulary's 31,000 added tokens take about 80 ms to convert, and four preparations
+    of one stage step ask for them (the FIM byte table, the span counter's margin and
+    prefixes, the sample ids' header check). Without, it is converted each time. Callers
+    must not change the dict."""
+    if not sha256:
+        return tok.get_added_tokens_decoder()
+    got = _ADDED.get(sha256)
+    if got is None:
+        got = tok.get_added_tokens_decoder()
+        _ADDED.clear()
+        _ADDED[sha256] = got
+    return got

@@ -73,9 +73,10 @@ def _strip_trim(state: dict) -> dict:
                                        for p in state.get("pretokenizers", [])]}
 
 
-def locality_margin(tok) -> int | None:
+def locality_margin(tok, sha256: str | None = None) -> int | None:
     """``margin`` (characters) for a tokenizer the exact span sum of the module docstring
-    holds for, else ``None``.
+    holds for, else ``None`` (``sha256``: the tokenizer file's, when known,
+    :func:`megacpp_core.snapshot_tokenizer.added_tokens`).
 
     It holds for a tokenizer with no normalizer, the ``CODE_PATTERN`` split followed by the
     byte-level pre-tokenizer without its own regex, a BPE model without dropout, no
@@ -95,7 +96,7 @@ def locality_margin(tok) -> int | None:
             or tok.truncation is not None or tok.padding is not None or not tok.encode_special_tokens):
         return None
     longest = 0
-    for added in snapshot_tokenizer.added_tokens(tok).values():
+    for added in snapshot_tokenizer.added_tokens(tok, sha256).values():
         s = added.content
         if added.lstrip or added.rstrip:
             return None
@@ -107,15 +108,16 @@ def locality_margin(tok) -> int | None:
     return longest + 1
 
 
-def added_prefixes(tok) -> frozenset[str]:
-    """Every non-empty prefix (``str``) of every added token's content, special or not.
+def added_prefixes(tok, sha256: str | None = None) -> frozenset[str]:
+    """Every non-empty prefix (``str``) of every added token's content, special or not
+    (``sha256`` as in :func:`locality_margin`).
 
     The contents are sorted; a content's prefixes up to its common prefix with the one
     before it are already in the set (they are that one's), so only the longer ones are
     made. The common prefixes come from one numpy comparison of the contents as a
     fixed-width code-point array (a hybrid tokenizer has tens of thousands of added tokens,
     most of them ``<RESERVED_BPE_i>``: 600,000 prefixes made one by one, 67,000 distinct)."""
-    contents = sorted({a.content for a in snapshot_tokenizer.added_tokens(tok).values()} - {""})
+    contents = sorted({a.content for a in snapshot_tokenizer.added_tokens(tok, sha256).values()} - {""})
     if not contents:
         return frozenset()
     if len(contents) * max(map(len, contents)) <= _PREFIX_ARRAY_CELLS and not any("\0" in c for c in contents):
@@ -143,7 +145,7 @@ def prepare(tok, sha256: str | None = None) -> tuple[int | None, np.ndarray, fro
     tokenizer's sha256 when given."""
     if sha256 and sha256 in _PREPARED:
         return _PREPARED[sha256]
-    out = (locality_margin(tok), byte_table(tok, sha256)[1], added_prefixes(tok))
+    out = (locality_margin(tok, sha256), byte_table(tok, sha256)[1], added_prefixes(tok, sha256))
     if sha256:
         _PREPARED[sha256] = out
     return out
@@ -165,7 +167,7 @@ class SpanCounter:
                  prefixes: frozenset[str] = frozenset()):
         self.tok, self.text, self.margin, self.lengths, self.prefixes = tok, text, margin, lengths, prefixes
         self.n: int | None = len(ids)
-        self.whole = ids
+        self.whole: Sequence[int] | None = None  # the ids, once their bytes are seen to be the text's
         self.encoded_chars = 0
         self.hard = np.zeros(0, dtype=np.int64)
         self._reach: dict[int, int] = {}
@@ -175,8 +177,9 @@ class SpanCounter:
         src = text.encode("utf-8", "surrogatepass")
         widths = lengths[np.asarray(ids, dtype=np.int64)]
         if int(widths.sum()) != len(src):  # not this text's ids: count every span
-            self.margin, self.n, self.whole = None, None, None
+            self.margin, self.n = None, None
             return
+        self.whole = ids
         starts = np.cumsum(widths) - widths  # byte offset of every token
         b = np.frombuffer(src, dtype=np.uint8)
         if len(src) == len(text):
@@ -260,7 +263,8 @@ class SpanCounter:
         """Exactly ``encode(text[a:b]).ids`` (uint32), made as :meth:`__call__` counts:
         the left piece's tokens before ``h1``, the file's own tokens in ``[h1, hl)`` and
         ``encode(text[hl:b])`` — the same reasoning gives the same tokens, not only as
-        many; a span without that split is encoded whole."""
+        many; a span without that split is encoded whole (and so is the whole text, unless
+        the rule applies and the ids' byte lengths add up to the text's)."""
         if a == 0 and b == len(self.text) and self.whole is not None:
             return np.asarray(self.whole, dtype=np.uint32)
         split = self._split(a, b)

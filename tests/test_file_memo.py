@@ -26,32 +26,51 @@ def across_steps():
         memo.keep_across_steps(False)
 
 
+K = memo.text_key
+
+
 def test_a_scoped_memo_holds_nothing_unless_the_process_keeps_values_across_steps():
     m = memo.ScopedMemo(10, len)
     assert not memo.across_steps()
-    assert not m.put("r1", "c", "a", "1") and len(m) == 0
+    assert not m.put("r1", K("c", "a"), "1") and len(m) == 0
 
 
 def test_a_scoped_memo_drops_the_oldest_other_revisions_to_fit_and_gives_each_value_once(across_steps):
     m = memo.ScopedMemo(10, len)
-    assert m.put("r1", "c", "a", "1234") and m.put("r2", "c", "b", "1234")
-    assert not m.put("r1", "c", "a", "1")  # held already
-    assert m.put("r3", "c", "c", "12345")  # 13 > 10: r1, the oldest other scope, goes
-    assert m.scopes() == ["r2", "r3"] and m.take("r1", "c", "a") is None
-    assert m.take("r2", "cpp", "b") is None  # the same text of another language is another key
-    assert m.take("r2", "c", "b") == "1234" and m.take("r2", "c", "b") is None
-    assert not m.put("r4", "c", "d", "x" * 11)  # alone over the limit: nothing dropped for it
+    assert m.put("r1", K("c", "a"), "1234") and m.put("r2", K("c", "b"), "1234")
+    assert not m.put("r1", K("c", "a"), "1")  # held already
+    assert m.put("r3", K("c", "c"), "12345")  # 13 > 10: r1, the oldest other scope, goes
+    assert m.scopes() == ["r2", "r3"] and m.take("r1", K("c", "a")) is None
+    assert m.take("r2", K("cpp", "b")) is None  # the same text of another language is another key
+    assert m.take("r2", K("c", "b")) == "1234" and m.take("r2", K("c", "b")) is None
+    assert not m.put("r4", K("c", "d"), "x" * 11)  # alone over the limit: nothing dropped for it
     assert m.scopes() == ["r3"]
-    assert m.put("r3", "c", "e", "12345")  # exactly the limit
-    assert not m.put("r3", "c", "f", "1")  # its own scope is never dropped to make room
+    assert m.put("r3", K("c", "e"), "12345")  # exactly the limit
+    assert not m.put("r3", K("c", "f"), "1")  # its own scope is never dropped to make room
     m.drop("r3")
-    assert len(m) == 0 and m.put("r3", "c", "f", "1")
+    assert len(m) == 0 and m.put("r3", K("c", "f"), "1")
+
+
+def test_a_put_that_cannot_fit_drops_no_other_revision(across_steps):
+    m = memo.ScopedMemo(10, len)
+    assert m.put("r1", K("c", "a"), "12") and m.put("r2", K("c", "b"), "12345678")
+    assert not m.put("r2", K("c", "c"), "12345")  # r2 alone would hold 13: refused, r1 kept
+    assert m.scopes() == ["r1", "r2"] and m.take("r1", K("c", "a")) == "12"
+    assert m.put("r3", K("c", "d"), "123")  # 8 + 3 > 10: r2 (the oldest other) goes
+    assert m.scopes() == ["r3"]
+
+
+def test_the_memo_keys_by_digest_and_holds_no_text():
+    text = "int x;\n" * 1000
+    key = memo.text_key("c", text)
+    assert key == ("c", __import__("hashlib").sha256(text.encode()).digest())
+    assert key != memo.text_key("cpp", text) and memo.text_key("c", "\udcff") != memo.text_key("c", "?")
 
 
 def test_keeping_stops_empties_the_file_memos_and_a_step_end_does_not(across_steps):
-    fe = enrich.enrich_file("int f(void) { return g(); }\n", "c")
-    assert memo.FILE_ENRICHMENT.put("rev", "c", "int f(void) { return g(); }\n", fe)
-    assert memo.FILE_INCLUDES.put("rev", "c", "#include <a.h>\n", ["a.h"])
+    text = "int f(void) { return g(); }\n"
+    assert memo.FILE_ENRICHMENT.put("rev", K("c", text), enrich.enrich_file(text, "c"))
+    assert memo.FILE_INCLUDES.put("rev", K("c", "#include <a.h>\n"), ["a.h"])
     memo.clear_all()  # a step's end: the step memos only
     assert len(memo.FILE_ENRICHMENT) == len(memo.FILE_INCLUDES) == 1
     memo.keep_across_steps(False)
@@ -128,9 +147,10 @@ def test_the_other_revisions_facts_stay_until_their_own_p4(tiny_run, tmp_path, a
     """p3 and p4 of one revision drop only that revision's leftovers: another revision
     chunked in this process keeps its facts for its own later step."""
     enrich_fe = enrich.enrich_file("int x;\n", "c")
-    memo.FILE_ENRICHMENT.put("tiny/other-1.0", "c", "int x;\n", enrich_fe)
-    memo.FILE_INCLUDES.put("tiny/other-1.0", "c", "int x;\n", [])
-    memo.FILE_INCLUDES.put(f"tiny/{SRC}", "c", "not a file of the revision\n", ["x.h"])
+    memo.FILE_ENRICHMENT.put("tiny/other-1.0", K("c", "int x;\n"), enrich_fe)
+    memo.FILE_INCLUDES.put("tiny/other-1.0", K("c", "int x;\n"), [])
+    memo.FILE_INCLUDES.put(f"tiny/{SRC}", K("c", "not a file of the revision\n"), ["x.h"])
+    memo.FILE_ENRICHMENT.put(f"tiny/{SRC}", K("c", "not a file of the revision\n"), enrich_fe)
     from megacpp_core import stages
     from megacpp_core.manifest import load_manifest
 

@@ -269,20 +269,20 @@ def test_tokenizer_stage_uses_pinned_file(tiny_layout, tmp_path):
         stages.run("tokenizer", lay.data_root, load_manifest(p))
 
 
-def test_added_tokens_are_converted_once_per_tokenizer_and_again_when_it_gains_some(build):
+def test_added_tokens_are_converted_once_per_tokenizer_file_and_each_time_without_one(build):
     """:func:`megacpp_core.snapshot_tokenizer.added_tokens`: the hybrid tokenizer's added
-    tokens as ``get_added_tokens_decoder`` gives them, the same dict for the same object,
-    a fresh one for another object or once tokens are added."""
+    tokens as ``get_added_tokens_decoder`` gives them; the same dict again for the same
+    file sha256, a fresh one for another sha256 or without one (a tokenizer that may
+    change: tokens added to it are seen)."""
     from tokenizers import Tokenizer
 
     from megacpp_core import snapshot_tokenizer
 
     tok = Tokenizer.from_str(build.tokenizer.to_str())
-    first = snapshot_tokenizer.added_tokens(tok)
+    first = snapshot_tokenizer.added_tokens(tok, "a" * 64)
     assert {i: a.content for i, a in first.items()} == {i: a.content for i, a in tok.get_added_tokens_decoder().items()}
-    assert len(first) > 1000 and snapshot_tokenizer.added_tokens(tok) is first
-    other = Tokenizer.from_str(build.tokenizer.to_str())
-    assert snapshot_tokenizer.added_tokens(other) is not first
-    other.add_tokens(["<NEW_ADDED_TOKEN>"])
-    again = snapshot_tokenizer.added_tokens(other)
-    assert "<NEW_ADDED_TOKEN>" in {a.content for a in again.values()} and len(again) == len(first) + 1
+    assert len(first) > 1000 and snapshot_tokenizer.added_tokens(tok, "a" * 64) is first
+    assert snapshot_tokenizer.added_tokens(tok, "b" * 64) is not first
+    assert snapshot_tokenizer.added_tokens(tok) is not snapshot_tokenizer.added_tokens(tok)
+    tok.add_tokens(["<NEW_ADDED_TOKEN>"])
+    assert len(snapshot_tokenizer.added_tokens(tok)) == len(first) + 1

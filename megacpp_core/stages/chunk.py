@@ -146,7 +146,6 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
             tally["brace_files"] += bool(stats.get("brace_fallback"))
             tally["fallback_splits"] += int(stats.get("fallback_splits", 0))
             tally["split_files"] += len(chunks) > 1
-            tally["span_encoded_chars"] += spans.encoded_chars if spans is not None else 0
             for j, c in enumerate(chunks):
                 doc_text = text[c.start:c.end]
                 if keep_ids is not None and spans is not None and len(chunks) > 1:
@@ -170,6 +169,7 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
                     for name, plane in de.planes.items():
                         cols[f"char_{name}"].append(plane)
                     tally["enrich_seconds"] += time.perf_counter() - te
+            tally["span_encoded_chars"] += spans.encoded_chars if spans is not None else 0  # the documents' ids too
             if keep_file is not None and text:
                 keep_file(text, language, parsed, fe)
     finally:
@@ -257,11 +257,12 @@ def _file_keeper(scope: str) -> Callable[[str, str, object, object], None]:
     from .. import repo_documents
 
     def keep(text: str, language: str, parsed, fe) -> None:
-        memo.FILE_INCLUDES.put(scope, language, text, repo_documents.include_spellings(text, language, parsed))
+        key = memo.text_key(language, text)
+        memo.FILE_INCLUDES.put(scope, key, repo_documents.include_spellings(text, language, parsed))
         if fe is not None:
             for plane in (fe.structure, fe.ast_depth, fe.sibling_index, fe.ast_node_type):
                 plane.setflags(write=False)
-            memo.FILE_ENRICHMENT.put(scope, language, text, fe)
+            memo.FILE_ENRICHMENT.put(scope, key, fe)
     return keep
 
 

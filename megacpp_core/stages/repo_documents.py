@@ -83,7 +83,7 @@ def compute(ctx) -> Result:
     held = [0]
 
     def held_spellings(text: str, language: str) -> list[str] | None:
-        got = memo.FILE_INCLUDES.take(scope, language, text)  # left by this revision's chunk steps in this process
+        got = memo.FILE_INCLUDES.take(scope, memo.text_key(language, text))  # left by this revision's chunk steps here
         held[0] += got is not None
         return got
 

@@ -90,7 +90,7 @@ def compute(ctx) -> Result:
     scope = ctx.partition.key  # p3_repo's parses of this revision's files, when it ran in this step
     builder = sd.StructureBuilder(languages, _fallback_loader(shards), _lane(ctx), table_bytes, lengths, sep,
                                   parsed=lambda text: memo.PARSED.take(scope, text),
-                                  enriched=lambda text, language: memo.FILE_ENRICHMENT.take(scope, language, text))
+                                  enriched=lambda text, lang: memo.FILE_ENRICHMENT.take(scope, memo.text_key(lang, text)))
     out_path = ctx.workdir("p4-") / "p4_structure_documents.parquet"
     try:
         with ParquetStream(out_path, _schema(ref), family_documents.DOCUMENT_ROW_GROUP, whole_row_groups=True) as out:
