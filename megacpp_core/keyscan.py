@@ -115,8 +115,7 @@ class LiteralScanner:
             db.scan(data, match_event_handler=lambda i, _f, to, _fl, _c: out.append((to - lens[i], i)))
             if out and len(data) != len(text):  # byte offset -> index of the character starting there
                 lead = np.cumsum((np.frombuffer(data, np.uint8) & 0xC0) != 0x80, dtype=np.int64)
-                got = np.asarray(out, dtype=np.int64)
-                out = list(zip((lead[got[:, 0]] - 1).tolist(), got[:, 1].tolist()))
+                out = list(zip((lead[(got := np.asarray(out, dtype=np.int64))[:, 0]] - 1).tolist(), got[:, 1].tolist()))
         elif text:
             out = list(self._automaton_hits(text))
         return sorted(out)

@@ -404,12 +404,13 @@ def save_tokenizer(build: TokenizerBuild, directory: str | os.PathLike, extra: d
     tokenizer file's sha256 (``tokenizer_sha256``) and ``vocab_size`` — the two keys every
     downstream stage compares against — plus the band-file version/digest and seed hits.
 
-    Both files are written atomically (tmp + rename); the tokenizer JSON is compact and
+    Both files are written atomically (tmp + rename); the tokenizer JSON (the text the
+    build's tokenizer was parsed from, ``build.json``, when known) is compact and
     byte-deterministic, the manifest has sorted keys and indent 2. ``extra`` (e.g. snapshot
     name) is merged into the manifest; raises ``ValueError`` if it would overwrite a core key.
     """
     directory = Path(directory)
-    tok_path = atomic_write_text(directory / TOKENIZER_FILE, build.tokenizer.to_str())
+    tok_path = atomic_write_text(directory / TOKENIZER_FILE, build.json or build.tokenizer.to_str())  # what it was parsed from
     manifest = {
         "tokenizer_file": TOKENIZER_FILE,
         "tokenizer_sha256": tokenizer_sha256(tok_path),
