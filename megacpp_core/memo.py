@@ -158,7 +158,7 @@ def across_steps() -> bool:
 def text_key(language: str, text: str) -> tuple[str, bytes]:
     """The key of ``text`` of stage-1 ``language`` in a :class:`ScopedMemo`: the language and
     the sha256 of the text's UTF-8 (surrogates passed through), so a memo holds no text
-    alive (about 6 ms for a megabyte of code)."""
+    alive (0.8 ms a megabyte of code: 8.6 ms for ``default``'s 10.7 M characters)."""
     return language, hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
