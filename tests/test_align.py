@@ -114,9 +114,9 @@ def test_alignment_fails_closed(snap, form):
     assert swapped[1] != ids[1]
     with pytest.raises(tokenize.AlignmentError, match="spell"):  # same bytes count, wrong text
         tokenize.token_char_spans(d["text"], swapped, table, snap["lengths"], d["doc_key"])
-    last = ids.copy()  # one byte changed at the very end, the byte count kept
-    same_width = np.flatnonzero((snap["lengths"] == snap["lengths"][last[-1]]) & (np.arange(len(snap["lengths"])) != last[-1]))
-    last[-1] = same_width[0]
+    last = ids.copy()  # the last token replaced by another of the same byte width
+    widths = snap["lengths"]
+    last[-1] = np.flatnonzero((widths == widths[last[-1]]) & (np.arange(len(widths)) != last[-1]))[0]
     with pytest.raises(tokenize.AlignmentError, match="spell"):
         tokenize.token_char_spans(d["text"], last, table, snap["lengths"], d["doc_key"])
     short = dict(d["planes"], char_structure=d["planes"]["char_structure"][:-1])
