@@ -152,9 +152,12 @@ def ids_bytes(tok, sha256: str | None, ids: np.ndarray, bounds: np.ndarray) -> t
     [len(bounds)], data buffer)``; the bytes of the ids ``ids[bounds[i]:bounds[i + 1]]``
     are ``data[offsets[i]:offsets[i + 1]]``. An id outside the vocabulary raises arrow's
     ``IndexError``; callers check first."""
-    import pyarrow.compute as pc
+    return table_bytes(byte_array(tok, sha256), ids, bounds)
 
-    got = pc.take(byte_array(tok, sha256), pa.array(ids))
+
+def table_bytes(table: pa.LargeBinaryArray, ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, pa.Buffer]:
+    """:func:`ids_bytes` on a given byte table (``table[i]``: the bytes of id ``i``)."""
+    got = table.take(pa.array(ids))
     token_offsets = np.frombuffer(got.buffers()[1], np.int64, count=len(got) + 1, offset=got.offset * 8)
     data = got.buffers()[2] if got.buffers()[2] is not None else pa.py_buffer(b"")
     return token_offsets[bounds], data
@@ -190,12 +193,8 @@ def _spelled(table: list[bytes] | pa.LargeBinaryArray, body: np.ndarray, src: by
     a ``list[bytes]`` one (:func:`byte_table`)."""
     if not isinstance(table, pa.Array):
         return b"".join([table[i] for i in body.tolist()]) == src
-    got = table.take(pa.array(body))
-    offsets = np.frombuffer(got.buffers()[1], np.int64, count=len(got) + 1, offset=got.offset * 8)
-    data = got.buffers()[2]
-    if data is None:
-        return src == b""
-    return data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).equals(pa.py_buffer(src))
+    offsets, data = table_bytes(table, body, np.asarray([0, body.size], np.int64))
+    return data.slice(int(offsets[0]), int(offsets[1] - offsets[0])).equals(pa.py_buffer(src))
 
 
 def token_char_spans(text: str, ids: np.ndarray, table: list[bytes] | pa.LargeBinaryArray, lengths: np.ndarray,
