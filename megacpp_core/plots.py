@@ -161,8 +161,8 @@ def draw_pngs(plan: Mapping[str, tuple[Callable, tuple[float, float]]], processe
     be a closure) and writes nothing else (its standard streams go to ``os.devnull``).
     Should the fork fail, or the child end without sending every PNG, or not end within
     :data:`CHILD_TIMEOUT_SECONDS` of this process's own drawing (it is then killed), this
-    process draws them itself, so the result never depends on the child. The bytes are those of :func:`png` either way
-    (deterministic, module doc)."""
+    process draws them itself, so the result never depends on the child. The bytes are
+    those of :func:`png` either way (deterministic, module doc)."""
     names = list(plan)
     if processes < 2 or len(names) < 2 or not hasattr(os, "fork"):
         return {n: png(*plan[n]) for n in names}
