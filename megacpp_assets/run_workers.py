@@ -48,10 +48,10 @@ WORKER_MEMORY = 3 << 30
 #: Modules the fork server imports once for every worker (:mod:`megacpp_assets.fork_preload`;
 #: a module that fails to import is reported and left to the worker): the worker's own
 #: code and Dagster's instance storage (``DagsterInstance.from_ref``: 1.6 s of imports a
-#: worker), and the libraries stages import on first use (networkx for the include order,
-#: matplotlib for the card, ScanCode's detection code without its index, detect-secrets,
-#: pandera with the pandas backend its first validation registers: about 0.3 s a worker,
-#: hypothesis's import included). None of them opens a file or runs work on a thread pool
+#: worker), and the libraries the first pass's stages import on first use (ScanCode's
+#: detection code without its index, detect-secrets, pandera with the pandas backend its
+#: first validation registers: about 0.3 s a worker, hypothesis's import included).
+#: Libraries only later passes use are in :data:`LATER_PASSES` instead. None of them opens a file or runs work on a thread pool
 #: at import; the two threads that exist after the imports (pyarrow's jemalloc
 #: background thread, numpy's OpenBLAS) are re-created or reset by those libraries' own
 #: ``fork`` handlers (``tests/test_run_workers.py`` runs Arrow, numpy and polars in
@@ -61,10 +61,33 @@ PRELOAD = (
     "megacpp_assets.compute_logs",
     "dagster._core.storage.base_storage", "dagster._core.storage.runs.sqlite",
     "dagster._core.storage.schedules.sqlite", "dagster._core.storage.event_log.sqlite",
-    "networkx", "matplotlib.figure", "matplotlib.backends.backend_agg", "licensedcode.detection",
-    "detect_secrets", "pandera", "pandera.backends.pandas.register", "pandera.backends.pandas.builtin_checks",
+    "licensedcode.detection", "detect_secrets", "pandera", "pandera.backends.pandas.register", "pandera.backends.pandas.builtin_checks",
 )
 
+
+#: Libraries that only the stages of passes after the first import on first use: networkx
+#: (``p3_repo``'s include order) and matplotlib (the family datasets' plots and the
+#: dataset card). They are not in :data:`PRELOAD`: the first pass's workers are forked
+#: once the fork server has imported everything in it, and that start is on the run's
+#: critical path (on ``default`` the first run began 0.6–0.8 s sooner without them; they
+#: are 0.4 s of the server's 2.7 s of imports). A later pass's worker imports them as it
+#: starts (:func:`import_for_later_pass`), which is while the tokenizer trains in the
+#: calling process (:func:`megacpp_assets.snapshot_run.run_passes`).
+LATER_PASSES = ("networkx", "matplotlib.figure", "matplotlib.backends.backend_agg")
+
+
+def import_for_later_pass() -> list[str]:
+    """Import :data:`LATER_PASSES` in this process; returns the names that failed (each
+    is then imported, and its error raised, by the stage that uses it)."""
+    import importlib
+
+    failed = []
+    for name in LATER_PASSES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 — the stage that needs it meets the error and reports it
+            failed.append(name)
+    return failed
 
 def start_method() -> str:
     """``"forkserver"`` (the default), or ``"spawn"`` when ``MEGACPP_WORKER_START=spawn``;

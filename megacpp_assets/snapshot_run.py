@@ -57,11 +57,14 @@ class SnapshotRun:
         self.n_sources = len(manifest.sources)
 
     @classmethod
-    def in_worker(cls, manifest_path: str, root_url: str, instance_ref, rerun: bool, stages) -> "SnapshotRun":
-        """The worker's copy: the manifest, data root and instance are opened again."""
+    def in_worker(cls, manifest_path: str, root_url: str, instance_ref, rerun: bool, stages,
+                  later_pass: bool = False) -> "SnapshotRun":
+        """The worker's copy: the manifest, data root and instance are opened again. A
+        worker of a pass after the first (``later_pass``) first imports the libraries only
+        those passes use (:data:`megacpp_assets.run_workers.LATER_PASSES`)."""
         import logging
 
-        from megacpp_assets.run_workers import stdout_handler
+        from megacpp_assets.run_workers import import_for_later_pass, stdout_handler
         from megacpp_core.manifest import load_manifest
         from megacpp_core.storage import open_root
 
@@ -69,6 +72,8 @@ class SnapshotRun:
         lg.handlers[:] = [stdout_handler()]
         lg.setLevel(logging.INFO)
         lg.propagate = False
+        if later_pass:
+            import_for_later_pass()
         from megacpp_core import memo
 
         run = cls(load_manifest(manifest_path), open_root(root_url), DagsterInstance.from_ref(instance_ref), rerun, stages)
@@ -419,8 +424,9 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
     carried into the next. A pass followed by another ends its pool
     and starts the next one (:meth:`WorkerPool.start`) before its snapshot steps run here,
     in one run: the ended workers' shut-down and the new workers' start-up (forked from
-    the fork server with their imports done: the definitions, the instance) overlap
-    those steps (the tokenizer's training) instead of preceding or following them. The last
+    the fork server with their imports done: the definitions, the instance; then the
+    libraries only later passes use, ``later_pass`` of :meth:`SnapshotRun.in_worker`)
+    overlap those steps (the tokenizer's training) instead of preceding or following them. The last
     pass keeps its pool for its snapshot steps, which run there as :class:`SnapshotUnits`
     (groups that do not depend on each other at once, the card last); its workers carry
     nothing into a later pass. After a group fails no further group starts; which
@@ -446,7 +452,7 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
         finally:
             memo.keep_across_steps(was)
     args = (str(run.manifest.path), run.root.url, run.instance.get_ref(), run.rerun, run.stages_arg)
-    pool = WorkerPool(workers, SnapshotRun.in_worker, args)
+    pool = WorkerPool(workers, SnapshotRun.in_worker, args + (False,))
     try:
         pool.start()
         for n, ph in enumerate(run.passes, 1):
@@ -457,7 +463,7 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
                 return False
             print(f"pass {n}: revisions and shards on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
             if n < len(run.passes):
-                ended, pool = pool, WorkerPool(workers, SnapshotRun.in_worker, args)
+                ended, pool = pool, WorkerPool(workers, SnapshotRun.in_worker, args + (True,))
                 ended.release()  # its workers end in the background
                 try:
                     pool.start()

@@ -107,7 +107,7 @@ class _ProbeWorker:
         from megacpp_assets import run_workers
 
         return {"pid": os.getpid(), "ppid": os.getppid(), "var": os.environ.get(var), "cwd": os.getcwd(),
-                "preloaded": "networkx" in sys.modules,  # nothing here imports networkx
+                "preloaded": "detect_secrets" in sys.modules,  # nothing here imports detect-secrets
                 "frozen": gc.get_freeze_count(),  # objects out of the collector's full collections
                 "collecting": gc.isenabled(),  # the server imports with it off (fork_preload)
                 "frozen_at_start": run_workers.FROZEN_AT_START}  # those the fork server froze
@@ -417,3 +417,39 @@ def test_warm_writes_nothing_and_never_raises(tiny_run, monkeypatch):
 
     monkeypatch.setattr(freshness, "plan", broken)
     assert SnapshotRun(manifest, open_root(str(root)), instance, rerun=False).warm() is None
+
+
+class _PassProbe:
+    """A worker state built by ``SnapshotRun.in_worker`` (as ``megacpp run`` builds its
+    workers'), asked which of the later passes' libraries its process has imported."""
+
+    def __init__(self, *args):
+        from megacpp_assets.snapshot_run import SnapshotRun
+
+        self.run = SnapshotRun.in_worker(*args)
+
+    def later_libraries(self) -> list[str]:
+        import sys
+
+        from megacpp_assets.run_workers import LATER_PASSES
+
+        return sorted(m for m in LATER_PASSES if m in sys.modules)
+
+
+@pytest.mark.integration
+def test_only_a_later_pass_worker_imports_the_later_pass_libraries(tiny_run):
+    """The fork server does not import networkx and matplotlib (only passes after the
+    first use them, and the first pass's workers wait for the server's imports), nor does
+    any module it preloads pull them in; a worker of a later pass imports them as it
+    starts, so its stages find them imported."""
+    from megacpp_assets.run_workers import LATER_PASSES, WorkerPool, start_fork_server
+    from megacpp_core.storage import open_root
+
+    root, instance = tiny_run
+    start_fork_server()
+    args = (str(root / "snapshots" / "tiny" / "manifest.yaml"), open_root(str(root)).url, instance.get_ref(), False, None)
+    for later, expected in ((False, []), (True, sorted(LATER_PASSES))):
+        got: list = []
+        with WorkerPool(1, _PassProbe, args + (later,)).start() as pool:
+            assert pool.run_units([("later_libraries", ())], lambda m, a, r: (got.append(r), (True, []))[1])
+        assert got == [expected], later
