@@ -40,6 +40,27 @@ def test_startup_gc_is_off_until_settled_then_freezes_and_gives_everything_back(
     assert gc.isenabled() and gc.get_freeze_count() == 0  # given back to the collector
 
 
+def test_startup_gc_collects_start_ups_garbage_before_the_freeze():
+    """A garbage cycle start-up made is collected when settling (the youngest generation
+    holds all of start-up's objects), not frozen for the rest of the run."""
+    import weakref
+
+    from megacpp_assets.cli import startup_gc
+
+    class Node:
+        pass
+
+    gc.enable()
+    with startup_gc() as settled:
+        kept, dropped = Node(), Node()
+        kept.me, dropped.me = kept, dropped  # two cycles; only the second becomes garbage
+        alive, gone = weakref.ref(kept), weakref.ref(dropped)
+        del dropped
+        assert gone() is not None  # the collector is off: the cycle is still there
+        settled()
+        assert gone() is None and alive() is kept
+
+
 def test_startup_gc_restores_the_collector_after_an_error_or_without_settling():
     from megacpp_assets.cli import startup_gc
 
