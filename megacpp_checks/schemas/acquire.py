@@ -15,7 +15,7 @@ import pyarrow as pa_arrow
 
 from megacpp_core.manifest import KNOWN_KINDS
 
-from . import validate_frame
+from . import TEXT, validate_frame
 
 _HEX64 = r"^[0-9a-f]{64}$"
 _REVISION = r"^([0-9a-f]{40}|[0-9a-f]{64})$"
@@ -23,19 +23,19 @@ _LANGUAGES = ["c", "cpp", "header", "cuda"]
 
 SOURCE_FILES = pa.DataFrameSchema(
     {
-        "snapshot": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "source": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "kind": pa.Column(str, pa.Check.isin(list(KNOWN_KINDS))),
-        "version": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "revision": pa.Column(str, pa.Check.str_matches(_REVISION)),
-        "archive_sha256": pa.Column(str, pa.Check.str_matches(_HEX64), nullable=True),
-        "path": pa.Column(str, [pa.Check.str_length(min_value=1),
+        "snapshot": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
+        "source": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
+        "kind": pa.Column(TEXT, pa.Check.isin(list(KNOWN_KINDS))),
+        "version": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
+        "revision": pa.Column(TEXT, pa.Check.str_matches(_REVISION)),
+        "archive_sha256": pa.Column(TEXT, pa.Check.str_matches(_HEX64), nullable=True),
+        "path": pa.Column(TEXT, [pa.Check.str_length(min_value=1),
                                 pa.Check(lambda s: ~s.str.startswith("/") & ~s.str.contains(r"(?:^|/)\.\.(?:/|$)"),
                                          element_wise=False, error="path is absolute or has '..'")]),
         "size": pa.Column("int64", pa.Check.ge(0)),
-        "content_sha256": pa.Column(str, pa.Check.str_matches(_HEX64)),
-        "language": pa.Column(str, pa.Check.isin(_LANGUAGES), nullable=True),
-        "doc_key": pa.Column(str, unique=True),
+        "content_sha256": pa.Column(TEXT, pa.Check.str_matches(_HEX64)),
+        "language": pa.Column(TEXT, pa.Check.isin(_LANGUAGES), nullable=True),
+        "doc_key": pa.Column(TEXT, unique=True),
     },
     checks=[
         pa.Check(lambda df: df["doc_key"] == df["source"] + "/" + df["path"], error="doc_key is SOURCE/PATH"),

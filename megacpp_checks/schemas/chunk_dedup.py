@@ -12,13 +12,13 @@ import pyarrow as pa_arrow
 
 from megacpp_core.chunk_dedup import WHITELIST
 
-from . import validate_frame
+from . import TEXT, validate_frame
 
 DROPS = pa.DataFrameSchema(
     {
-        "doc_key": pa.Column(str, unique=True),
-        "kind": pa.Column(str, pa.Check.isin(sorted(WHITELIST))),
-        "kept_twin": pa.Column(str),
+        "doc_key": pa.Column(TEXT, unique=True),
+        "kind": pa.Column(TEXT, pa.Check.isin(sorted(WHITELIST))),
+        "kept_twin": pa.Column(TEXT),
     },
     checks=[pa.Check(lambda df: df["doc_key"] != df["kept_twin"], error="a chunk is not its own twin")],
     strict=True,

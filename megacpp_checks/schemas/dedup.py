@@ -13,19 +13,19 @@ import numpy as np
 import pandera.pandas as pa
 import pyarrow as pa_arrow
 
-from . import validate_frame
+from . import TEXT, validate_frame
 
 DUP_KINDS = ["exact", "near", "cross_source"]
 
 DECISIONS = pa.DataFrameSchema(
     {
-        "doc_key": pa.Column(str, unique=True),
+        "doc_key": pa.Column(TEXT, unique=True),
         "keep": pa.Column(bool),
-        "dup_kind": pa.Column(str, pa.Check.isin(DUP_KINDS), nullable=True),
-        "kept_twin": pa.Column(str, nullable=True),
+        "dup_kind": pa.Column(TEXT, pa.Check.isin(DUP_KINDS), nullable=True),
+        "kept_twin": pa.Column(TEXT, nullable=True),
         "jaccard": pa.Column(float, pa.Check.in_range(0.0, 1.0), nullable=True),
         "cluster_id": pa.Column("int64", pa.Check.ge(-1)),
-        "content_sha256": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$")),
+        "content_sha256": pa.Column(TEXT, pa.Check.str_matches(r"^[0-9a-f]{64}$")),
     },
     checks=[
         pa.Check(lambda df: df["keep"] == df["kept_twin"].isna(), error="a drop names a twin, a kept file none"),
@@ -41,11 +41,11 @@ CLUSTERS = pa.DataFrameSchema(
     {
         "cluster_id": pa.Column("int64", pa.Check.ge(0)),
         "cluster_size": pa.Column("int64", pa.Check.ge(2)),
-        "doc_key": pa.Column(str, unique=True),
-        "source": pa.Column(str),
+        "doc_key": pa.Column(TEXT, unique=True),
+        "source": pa.Column(TEXT),
         "is_kept": pa.Column(bool),
-        "kept_doc_key": pa.Column(str),
-        "dup_kind": pa.Column(str, pa.Check.isin(DUP_KINDS), nullable=True),
+        "kept_doc_key": pa.Column(TEXT),
+        "dup_kind": pa.Column(TEXT, pa.Check.isin(DUP_KINDS), nullable=True),
         "jaccard_to_kept": pa.Column(float, pa.Check.in_range(0.0, 1.0)),
     },
     checks=[

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from megacpp_core.chunk import BUCKETS, StructureCategory
 from megacpp_core.platforms import MAX_LABELS_PER_DOCUMENT
 
-from . import validate_frame
+from . import TEXT, validate_frame
 
 _KINDS = [c.name for c in StructureCategory]
 _PLANE_MAX = {"structure_ids": 8, "ast_depth": 63, "sibling_index": 63, "ast_node_type": 255, "dep_levels": 255}
@@ -141,8 +141,8 @@ def document_facts(table: pa_arrow.Table) -> pd.DataFrame:
 
 DOCUMENTS = pa.DataFrameSchema(
     {
-        "doc_key": pa.Column(str, unique=True),
-        "kind": pa.Column(str, pa.Check.isin(_KINDS)),
+        "doc_key": pa.Column(TEXT, unique=True),
+        "kind": pa.Column(TEXT, pa.Check.isin(_KINDS)),
         "n_text_tokens": pa.Column("int64", pa.Check.ge(1)),
         "bucket": pa.Column("int64", pa.Check.isin(list(BUCKETS))),
         "span_is_text": pa.Column(bool, pa.Check.eq(True)),
@@ -213,7 +213,7 @@ def tokenized_facts(table: pa_arrow.Table, bos_id: int) -> pd.DataFrame:
 
 TOKENIZED = pa.DataFrameSchema(
     {
-        "doc_key": pa.Column(str, unique=True),
+        "doc_key": pa.Column(TEXT, unique=True),
         "n_tokens": pa.Column("int64", pa.Check.ge(1)),
         "n_ids": pa.Column("int64"),
         "bos_first": pa.Column(bool, pa.Check.eq(True)),
@@ -264,7 +264,7 @@ def family_facts(table: pa_arrow.Table, bos_id: int, row_length: int) -> pd.Data
 
 FAMILY = pa.DataFrameSchema(
     {
-        "doc_key": pa.Column(str, unique=True),
+        "doc_key": pa.Column(TEXT, unique=True),
         "n_tokens": pa.Column("int64", pa.Check.ge(2)),
         "n_ids": pa.Column("int64"),
         "bos_first": pa.Column(bool, pa.Check.eq(True)),

@@ -18,24 +18,24 @@ import pyarrow as pa_arrow
 from megacpp_core.dep5 import AGREEMENTS
 from megacpp_core.license import CLASS_ORDER, DECISIONS, ORIGINS
 
-from . import validate_frame
+from . import TEXT, validate_frame
 
 LICENSE = pa.DataFrameSchema(
     {
-        "doc_key": pa.Column(str, unique=True),
-        "source": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "path": pa.Column(str, pa.Check.str_length(min_value=1), unique=True),
-        "spdx_expression": pa.Column(str, nullable=True),
-        "license_class": pa.Column(str, pa.Check.isin(list(CLASS_ORDER))),
-        "decision": pa.Column(str, pa.Check.isin(list(DECISIONS))),
-        "reason": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "origin": pa.Column(str, pa.Check.isin(list(ORIGINS))),
-        "license_file": pa.Column(str, nullable=True),
-        "license_scancode": pa.Column(str, nullable=True),
-        "license_dep5": pa.Column(str, nullable=True),
-        "dep5_pattern": pa.Column(str, nullable=True),
-        "agreement": pa.Column(str, pa.Check.isin(list(AGREEMENTS))),
-        "decided_by": pa.Column(str, pa.Check.isin(["scancode", "dep5"])),
+        "doc_key": pa.Column(TEXT, unique=True),
+        "source": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
+        "path": pa.Column(TEXT, pa.Check.str_length(min_value=1), unique=True),
+        "spdx_expression": pa.Column(TEXT, nullable=True),
+        "license_class": pa.Column(TEXT, pa.Check.isin(list(CLASS_ORDER))),
+        "decision": pa.Column(TEXT, pa.Check.isin(list(DECISIONS))),
+        "reason": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
+        "origin": pa.Column(TEXT, pa.Check.isin(list(ORIGINS))),
+        "license_file": pa.Column(TEXT, nullable=True),
+        "license_scancode": pa.Column(TEXT, nullable=True),
+        "license_dep5": pa.Column(TEXT, nullable=True),
+        "dep5_pattern": pa.Column(TEXT, nullable=True),
+        "agreement": pa.Column(TEXT, pa.Check.isin(list(AGREEMENTS))),
+        "decided_by": pa.Column(TEXT, pa.Check.isin(["scancode", "dep5"])),
     },
     checks=[
         pa.Check(lambda df: df["doc_key"] == df["source"] + "/" + df["path"], error="doc_key is SOURCE/PATH"),

@@ -15,9 +15,9 @@ import pandera.pandas as pa
 import pyarrow as pa_arrow
 import pyarrow.compute as pc
 
-from . import validate_frame
+from . import TEXT, validate_frame
 
-SIGNATURE_KEYS = pa.DataFrameSchema({"doc_key": pa.Column(str, unique=True)}, strict=True, coerce=False)
+SIGNATURE_KEYS = pa.DataFrameSchema({"doc_key": pa.Column(TEXT, unique=True)}, strict=True, coerce=False)
 
 PAIRS = pa.DataFrameSchema(
     {"row_a": pa.Column("int64", pa.Check.ge(0)), "row_b": pa.Column("int64")},

@@ -14,19 +14,19 @@ import pyarrow as pa_arrow
 
 from megacpp_core.quality import FILTERS
 
-from . import validate_frame
+from . import TEXT, validate_frame
 
 _HEX64 = r"^[0-9a-f]{64}$"
 
 KEPT = pa.DataFrameSchema(
     {
-        "doc_key": pa.Column(str, unique=True),
-        "source": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "path": pa.Column(str, pa.Check.str_length(min_value=1), unique=True),
-        "language": pa.Column(str, nullable=True),
+        "doc_key": pa.Column(TEXT, unique=True),
+        "source": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
+        "path": pa.Column(TEXT, pa.Check.str_length(min_value=1), unique=True),
+        "language": pa.Column(TEXT, nullable=True),
         "size": pa.Column("int64", pa.Check.ge(0)),
-        "content_sha256": pa.Column(str, pa.Check.str_matches(_HEX64)),
-        "text": pa.Column(str),
+        "content_sha256": pa.Column(TEXT, pa.Check.str_matches(_HEX64)),
+        "text": pa.Column(TEXT),
     },
     checks=[
         pa.Check(lambda df: df["doc_key"] == df["source"] + "/" + df["path"], error="doc_key is SOURCE/PATH"),
@@ -38,14 +38,14 @@ KEPT = pa.DataFrameSchema(
 
 EXCLUSIONS = pa.DataFrameSchema(
     {
-        "doc_key": pa.Column(str, unique=True),
-        "source": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "path": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "doc_key": pa.Column(TEXT, unique=True),
+        "source": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
+        "path": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
         "size": pa.Column("int64", pa.Check.ge(0)),
-        "stage": pa.Column(str, pa.Check.eq("quality")),
-        "filter": pa.Column(str, pa.Check.isin(list(FILTERS))),
+        "stage": pa.Column(TEXT, pa.Check.eq("quality")),
+        "filter": pa.Column(TEXT, pa.Check.isin(list(FILTERS))),
         "value": pa.Column(float),
-        "threshold": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "threshold": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
     },
     strict=True,
     coerce=False,

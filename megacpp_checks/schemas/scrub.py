@@ -14,24 +14,24 @@ import pyarrow as pa_arrow
 
 from megacpp_core.license import CLASS_ORDER
 
-from . import validate_frame
+from . import TEXT, validate_frame
 
 #: The source revision: archive sha256, git commit sha (40 hex) or local content hash.
 _REVISION = r"^([0-9a-f]{40}|[0-9a-f]{64})$"
 
 SCRUBBED = pa.DataFrameSchema(
     {
-        "doc_key": pa.Column(str, unique=True),
-        "source": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "doc_key": pa.Column(TEXT, unique=True),
+        "source": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
         "source_order": pa.Column("int32", pa.Check.ge(0)),
-        "path": pa.Column(str, pa.Check.str_length(min_value=1), unique=True),
-        "language": pa.Column(str, nullable=True),
-        "archive_sha256": pa.Column(str, pa.Check.str_matches(_REVISION), nullable=True),
-        "license_class": pa.Column(str, pa.Check.isin([c for c in CLASS_ORDER if c != "refused"])),
-        "license_decision": pa.Column(str, pa.Check.isin(["accept", "accept_tagged"])),
-        "spdx_expression": pa.Column(str, nullable=True),
-        "content_sha256": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$")),
-        "text": pa.Column(str),
+        "path": pa.Column(TEXT, pa.Check.str_length(min_value=1), unique=True),
+        "language": pa.Column(TEXT, nullable=True),
+        "archive_sha256": pa.Column(TEXT, pa.Check.str_matches(_REVISION), nullable=True),
+        "license_class": pa.Column(TEXT, pa.Check.isin([c for c in CLASS_ORDER if c != "refused"])),
+        "license_decision": pa.Column(TEXT, pa.Check.isin(["accept", "accept_tagged"])),
+        "spdx_expression": pa.Column(TEXT, nullable=True),
+        "content_sha256": pa.Column(TEXT, pa.Check.str_matches(r"^[0-9a-f]{64}$")),
+        "text": pa.Column(TEXT),
     },
     checks=[
         pa.Check(lambda df: df["doc_key"] == df["source"] + "/" + df["path"], error="doc_key is SOURCE/PATH"),

@@ -14,17 +14,17 @@ import pyarrow as pa_arrow
 
 from megacpp_core.semantic import STATUSES
 
-from . import validate_frame
+from . import TEXT, validate_frame
 
 _REL_PATH = r"^(?!/)(?!.*(^|/)\.\.(/|$)).+$"
 
 EDGES = pa.DataFrameSchema(
     {
-        "from_usr": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "to_usr": pa.Column(str, pa.Check.str_length(min_value=1)),
-        "kind": pa.Column(str, pa.Check.isin(["call", "type", "include"])),
-        "from_file": pa.Column(str, pa.Check.str_matches(_REL_PATH)),
-        "to_file": pa.Column(str, pa.Check.str_matches(_REL_PATH)),
+        "from_usr": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
+        "to_usr": pa.Column(TEXT, pa.Check.str_length(min_value=1)),
+        "kind": pa.Column(TEXT, pa.Check.isin(["call", "type", "include"])),
+        "from_file": pa.Column(TEXT, pa.Check.str_matches(_REL_PATH)),
+        "to_file": pa.Column(TEXT, pa.Check.str_matches(_REL_PATH)),
         "from_line": pa.Column("int32", pa.Check.ge(1)),
         "to_line": pa.Column("int32", pa.Check.ge(1)),
         "from_chunk": pa.Column("Int32", pa.Check.ge(0), nullable=True),
@@ -51,10 +51,10 @@ def validate_edges(table: pa_arrow.Table) -> tuple[bool, str]:
 
 BUILD_INFO = pa.DataFrameSchema(
     {
-        "file": pa.Column(str, [pa.Check.str_matches(_REL_PATH)], unique=True),
+        "file": pa.Column(TEXT, [pa.Check.str_matches(_REL_PATH)], unique=True),
         "arguments": pa.Column(object),
         "shipped": pa.Column(bool),
-        "status": pa.Column(str, pa.Check.isin(list(STATUSES))),
+        "status": pa.Column(TEXT, pa.Check.isin(list(STATUSES))),
         "errors": pa.Column("int32", pa.Check.ge(0)),
         "fatal": pa.Column("int32", pa.Check.ge(0)),
         "call_sites": pa.Column("int32", pa.Check.ge(0)),
@@ -63,7 +63,7 @@ BUILD_INFO = pa.DataFrameSchema(
         "edges": pa.Column("int32", pa.Check.ge(0)),
         "seconds": pa.Column(float, pa.Check.ge(0.0)),
         "peak_rss_mb": pa.Column(float, nullable=True),
-        "message": pa.Column(str, nullable=True),
+        "message": pa.Column(TEXT, nullable=True),
     },
     checks=[pa.Check(lambda df: df["calls_resolved"] <= df["call_sites"], error="resolved calls ≤ call sites"),
             pa.Check(lambda df: df["calls_resolved_tree"] <= df["calls_resolved"], error="tree-resolved ≤ resolved")],

@@ -10,12 +10,12 @@ import pandas as pd
 import pandera.pandas as pa
 import pyarrow as pa_arrow
 
-from . import validate_frame
+from . import TEXT, validate_frame
 
 SAMPLE_IDS = pa.DataFrameSchema(
     {
-        "doc_key": pa.Column(str, unique=True),
-        "content_sha256": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$")),
+        "doc_key": pa.Column(TEXT, unique=True),
+        "content_sha256": pa.Column(TEXT, pa.Check.str_matches(r"^[0-9a-f]{64}$")),
         "n_tokens": pa.Column("int64", pa.Check.ge(0)),
         "n_ids": pa.Column("int64"),
     },
