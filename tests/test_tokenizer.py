@@ -271,14 +271,37 @@ def test_training_streams_an_arrow_column_to_the_same_bytes(build, tmp_path):
         300, sum(len(t.encode("utf-8")) for t in c_corpus()))
 
 
-def test_morphemes_are_counted_in_chunks_as_in_one_piece(monkeypatch):
+def _morphemes_in_one_piece(texts, morphemes):
+    """The definition: ``str.count`` over every identifier of every text, one per line."""
+    stream = "\n".join("\n".join(morpheme_count._IDENT.findall(t)) for t in texts)
+    return {m: stream.count(m) for m in morphemes}
+
+
+def test_morphemes_are_counted_as_in_one_piece():
+    """Each distinct identifier searched once and weighted gives ``str.count`` over the
+    whole identifier stream: on the C corpus, on repeated and overlapping hits ("aa" in
+    "aaaaa" twice, as ``str.count``), on non-ASCII text and an empty text."""
     texts = c_corpus(40) + ["std::vector<int> init_value; std::init readValue;"] * 3
-    morphemes = ["std::", "init", "value", "Widget", "help", "zzz"]
-    whole = T.measure_morphemes(texts, morphemes)
-    monkeypatch.setattr(morpheme_count, "MORPHEME_CHUNK", 64)
-    assert T.measure_morphemes(iter(texts), morphemes) == whole and whole["std::"] == 46
+    texts += ["aaaaa aaa aa a; int initinit = ininit;", "", "naïve_ß Ünïcode std::std:: x::y", "\x00\xff bin"]
+    morphemes = ["std::", "init", "value", "Widget", "help", "zzz", "aa", "in", "::", "_", "e"]
+    got = T.measure_morphemes(iter(texts), morphemes)
+    assert got == _morphemes_in_one_piece(texts, morphemes) and got["std::"] == 48 and got["aa"] == 4
     # a morpheme with a newline or the empty one: counted in one piece ("x\na\nb\ny")
     assert T.measure_morphemes(["x a", "b y"], ["a\nb", ""]) == {"a\nb": 1, "": 8}
+    assert T.measure_morphemes([], ["std::"]) == {"std::": 0}
+
+
+@pytest.mark.integration
+def test_morphemes_of_a_real_sample_are_counted_as_in_one_piece(tiny_run):
+    import pyarrow.parquet as pq
+
+    root, _ = tiny_run
+    texts = [t for p in sorted((root / "snapshots" / "tiny" / "revisions").glob("*/shards/*/scrubbed.parquet"))
+             for t in pq.read_table(p, columns=["text"]).column("text").to_pylist()]
+    morphemes = T.load_seed_morphemes()
+    assert len(texts) > 50 and len(morphemes) > 50
+    got = T.measure_morphemes(texts, morphemes)
+    assert got == _morphemes_in_one_piece(texts, morphemes) and sum(got.values()) > 1000
 
 
 def test_an_error_counting_morphemes_fails_training_and_leaves_no_thread(monkeypatch):
