@@ -228,8 +228,8 @@ def to_result(stage: Stage, res: StageResult, root,
     md: dict[str, Any] = {k: metadata_value(v) for k, v in sorted(res.figures.items())}
     md.update({f"path_{k}": MetadataValue.path(v) for k, v in output_uris(root, res).items()})
     md["settings_fingerprint"] = MetadataValue.text(res.settings_fingerprint)
-    if stage.plots is not None and res.ok:
-        md["plots"] = MetadataValue.md(plots.markdown_images(stage.plots(res.figures)))
+    if res.plots:  # drawn by run_stage when every gate passed
+        md["plots"] = MetadataValue.md(plots.markdown_images(res.plots))
     checks = [AssetCheckResult(asset_key=stage.asset, check_name=c, passed=bool(res.checks.get(c, (False, "not evaluated"))[0]),
                                metadata={"detail": str(res.checks.get(c, (False, "not evaluated"))[1])})
               for c in stage.check_names]

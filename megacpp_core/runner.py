@@ -6,7 +6,8 @@ atomically, a sentinel last), persists its figures for the dataset card and eval
 gates once the outputs are committed (a gate may re-read them from the data root with
 ``g.read``; schema checks validate the tables the compute returned, which are the bytes
 committed). It returns a :class:`StageResult`: the written files with
-their sha256, the figures, the gate verdicts, the partition's **data version** (a sha256
+their sha256, the figures, the gate verdicts, the stage's plots of its figures (drawn
+when every gate passed, inside the stage's ``wall_seconds``), the partition's **data version** (a sha256
 over the output files' sha256s: identical outputs give the identical version, so nothing
 downstream goes out of date) and the fingerprint of the stage's settings slice.
 
@@ -54,6 +55,9 @@ class StageResult:
     checks: dict[str, Verdict] = field(default_factory=dict)
     data_version: str = ""
     settings_fingerprint: str = ""
+    #: ``{name: PNG bytes}``: the stage's ``plots`` of its figures, drawn when every gate
+    #: passed (empty otherwise, or when the stage declares none), for the asset's metadata
+    plots: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -470,13 +474,15 @@ def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
             if d.schema is not None:
                 checks[d.schema_check] = _schema_verdict(root, d, partition, result.outputs[d.name])
     figures = dict(result.figures)
+    # the stage's images of its figures are part of its work (drawn here, timed with it)
+    images = stage.plots(figures) if stage.plots is not None and all(v[0] for v in checks.values()) else {}
     figures["wall_seconds"] = round(time.perf_counter() - t0, 3)
     if ran:
         figures["max_rss_mb"] = peak_rss_mb()  # the step's own process: compute, commit and gates
     if shards is None or partition.shard in shards:
         root.write_json(fig_key, figures)
     res = StageResult(stage.name, partition, written, figures, checks, data_version(written),
-                      settings_fingerprint(stage, manifest, partition))
+                      settings_fingerprint(stage, manifest, partition), images)
     brief = ", ".join(f"{k}={figures[k]}" for k in ("files", "files_out", "documents", "tokens", "rows", "vocab_size")
                       if isinstance(figures.get(k), int))
     rss = f"{figures['max_rss_mb']:7.0f} MB" if figures.get("max_rss_mb") is not None else " " * 10

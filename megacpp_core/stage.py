@@ -236,7 +236,8 @@ class Stage:
     #: whether a revision partition of this stage needs its source's pin (acquire only)
     reads_source_pin: bool = False
     #: ``plots(figures) -> {name: PNG bytes}``: images of the stage's figures for the UI
-    #: (``megacpp_core.plots``; the asset shows them as markdown metadata), or None
+    #: (``megacpp_core.plots``; drawn by the runner when every gate passed, the asset shows
+    #: them as markdown metadata), or None
     plots: Callable[[dict], dict[str, bytes]] | None = None
 
     def __post_init__(self) -> None:

@@ -121,6 +121,38 @@ def test_a_failing_gate_is_reported_not_raised(tiny_root):
     assert res.checks["gate_that_raises"][0] is False and "RuntimeError: boom" in res.checks["gate_that_raises"][1]
 
 
+def test_plots_are_drawn_by_the_runner_inside_the_stage_time_when_the_gates_pass(tiny_root):
+    """A stage's ``plots`` of its figures are drawn by :func:`run_stage` (so its
+    ``wall_seconds`` includes them) when every gate passes, and the asset's metadata
+    embeds them; with a failed gate none is drawn."""
+    import pyarrow as pa
+
+    from megacpp_assets.factory import to_result
+
+    drawn = []
+
+    def plots(figures):
+        drawn.append(dict(figures))
+        return {"probe_plot": b"\x89PNG fake"}
+
+    def gate(ok):
+        def probe_gate(g):
+            return ok, "as set"
+        return probe_gate
+
+    root, m, part = DataRoot(tiny_root[0]), load_manifest("tiny"), Partition("tiny", "lz4-4.4.5", "000")
+    compute = lambda ctx: Result({"probe": pa.table({"x": [1]})}, {"n": 3})  # noqa: E731
+    res = run_stage(_tiny_stage(compute, figures=("n",), gates=(gate(True),), plots=plots), root, m, part)
+    # drawn before the stage's time was taken (no wall_seconds yet): inside that time
+    assert res.ok and res.plots == {"probe_plot": b"\x89PNG fake"} and drawn == [{"n": 3}]
+    assert "wall_seconds" in res.figures
+    result, _ = to_result(_tiny_stage(compute, plots=plots), res, root)
+    assert "data:image/png;base64," in result.metadata["plots"].value and len(drawn) == 1  # embedded, not drawn again
+    failed = run_stage(_tiny_stage(compute, figures=("n",), gates=(gate(False),), plots=plots), root, m, part)
+    assert not failed.ok and failed.plots == {} and len(drawn) == 1
+    assert "plots" not in to_result(_tiny_stage(compute, plots=plots), failed, root)[0].metadata
+
+
 def test_registry_refuses_broken_lineage():
     orphan = dataclasses.replace(stages.by_name("chunk"), name="orphan", asset="orphan", outputs=())
     with pytest.raises(ValueError, match="reads scrubbed, which no earlier stage writes"):
