@@ -51,17 +51,18 @@ WORKER_MEMORY = 3 << 30
 #: worker), and the libraries the first pass's stages import on first use (ScanCode's
 #: detection code without its index, detect-secrets, pandera with the pandas backend its
 #: first validation registers: about 0.3 s a worker, hypothesis's import included).
-#: Libraries only later passes use are in :data:`LATER_PASSES` instead. None of them opens a file or runs work on a thread pool
-#: at import; the two threads that exist after the imports (pyarrow's jemalloc
-#: background thread, numpy's OpenBLAS) are re-created or reset by those libraries' own
-#: ``fork`` handlers (``tests/test_run_workers.py`` runs Arrow, numpy and polars in
-#: forked workers).
+#: Libraries only later passes use are in :data:`LATER_PASSES` instead. None of them
+#: opens a file or runs work on a thread pool at import; the two threads that exist after
+#: the imports (pyarrow's jemalloc background thread, numpy's OpenBLAS) are re-created or
+#: reset by those libraries' own ``fork`` handlers (``tests/test_run_workers.py`` runs
+#: Arrow, numpy and polars in forked workers).
 PRELOAD = (
     "megacpp_assets.snapshot_run", "megacpp_assets.definitions", "megacpp_assets.instance_storage",
     "megacpp_assets.compute_logs",
     "dagster._core.storage.base_storage", "dagster._core.storage.runs.sqlite",
     "dagster._core.storage.schedules.sqlite", "dagster._core.storage.event_log.sqlite",
-    "licensedcode.detection", "detect_secrets", "pandera", "pandera.backends.pandas.register", "pandera.backends.pandas.builtin_checks",
+    "licensedcode.detection", "detect_secrets", "pandera", "pandera.backends.pandas.register",
+    "pandera.backends.pandas.builtin_checks",
 )
 
 
@@ -88,6 +89,7 @@ def import_for_later_pass() -> list[str]:
         except Exception:  # noqa: BLE001 — the stage that needs it meets the error and reports it
             failed.append(name)
     return failed
+
 
 def start_method() -> str:
     """``"forkserver"`` (the default), or ``"spawn"`` when ``MEGACPP_WORKER_START=spawn``;
