@@ -147,11 +147,14 @@ def startup_gc():
     ``default``, four of them (0.23 s) before the first pass, on the way to the first
     worker's start, and each later one in this process (the pass-1 snapshot steps and the
     tokenizer run here) walked them all again (two, 0.29 s). The one collection is of the
-    youngest generation only (``gc.collect(0)``): with the collector off, everything
-    start-up made is still there, so it finds start-up's garbage (about 14,000 objects on
-    ``default``) in 0.16 s, where a full collection also walked the older generations (what
-    existed before the block) for 0.2–0.3 s more and freed 18 more objects, on the way to
-    the first worker's start. A process that has not
+    youngest generation only (``gc.collect(0)``): CPython's generational collector puts
+    every new object in generation 0 and only a collection moves it on, and none runs
+    during start-up (the collector is off and nothing calls it), so generation 0 holds
+    everything start-up made. On ``default`` it finds start-up's garbage (about 14,000
+    objects) in 0.16 s; a full collection also walks the older generations (what existed
+    before the block) for 0.2–0.3 s more, on the way to the first worker's start, for
+    about 18 more objects: garbage cycles that reach older objects, which stay frozen with
+    the rest until the block ends. A process that has not
     called the function when the block ends just gets its collector back. A process that
     had frozen objects of its own before the block (``gc.unfreeze`` would thaw those too)
     is left frozen as it was: the block neither freezes nor unfreezes there."""

@@ -51,8 +51,8 @@ WORKER_MEMORY = 3 << 30
 #: worker), and the libraries the first pass's stages import on first use (ScanCode's
 #: detection code without its index, detect-secrets, pandera with the pandas backend its
 #: first validation registers: about 0.3 s a worker, hypothesis's import included).
-#: Libraries only later passes use are in :data:`LATER_PASSES` instead. None of them
-#: opens a file or runs work on a thread pool at import; the two threads that exist after
+#: Libraries only later passes use are in :data:`LATER_PASS_MODULES` instead. None of the
+#: modules here opens a file or runs work on a thread pool at import; the two threads that exist after
 #: the imports (pyarrow's jemalloc background thread, numpy's OpenBLAS) are re-created or
 #: reset by those libraries' own ``fork`` handlers (``tests/test_run_workers.py`` runs
 #: Arrow, numpy and polars in forked workers).
@@ -70,24 +70,34 @@ PRELOAD = (
 #: (``p3_repo``'s include order) and matplotlib (the family datasets' plots and the
 #: dataset card). They are not in :data:`PRELOAD`: the first pass's workers are forked
 #: once the fork server has imported everything in it, and that start is on the run's
-#: critical path (on ``default`` the first run began 0.6–0.8 s sooner without them; they
-#: are 0.4 s of the server's 2.7 s of imports). A later pass's worker imports them as it
+#: critical path (they are about 0.4 s of the server's imports; on ``default`` the first
+#: run begins 0.6–0.8 s sooner without them). A later pass's worker imports them as it
 #: starts (:func:`import_for_later_pass`), which is while the tokenizer trains in the
 #: calling process (:func:`megacpp_assets.snapshot_run.run_passes`).
-LATER_PASSES = ("networkx", "matplotlib.figure", "matplotlib.backends.backend_agg")
+LATER_PASS_MODULES = ("networkx", "matplotlib.figure", "matplotlib.backends.backend_agg")
 
 
 def import_for_later_pass() -> list[str]:
-    """Import :data:`LATER_PASSES` in this process; returns the names that failed (each
-    is then imported, and its error raised, by the stage that uses it)."""
+    """Import :data:`LATER_PASS_MODULES` in this process, with the garbage collector off
+    as the fork server imports (:mod:`megacpp_assets.fork_preload`); returns the names
+    that failed, each reported on standard error as the fork server reports its own (the
+    stage that uses it imports it again and meets the error)."""
     import importlib
 
     failed = []
-    for name in LATER_PASSES:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 — the stage that needs it meets the error and reports it
-            failed.append(name)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for name in LATER_PASS_MODULES:
+            try:
+                importlib.import_module(name)
+            except Exception as e:  # noqa: BLE001 — reported; the stage that needs it meets the error
+                failed.append(name)
+                print(f"megacpp run: a worker could not import {name} ({type(e).__name__}: {e}); "
+                      "the stage that uses it imports it itself", file=sys.stderr)
+    finally:
+        if enabled:
+            gc.enable()
     return failed
 
 

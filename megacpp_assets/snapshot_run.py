@@ -61,7 +61,7 @@ class SnapshotRun:
                   later_pass: bool = False) -> "SnapshotRun":
         """The worker's copy: the manifest, data root and instance are opened again. A
         worker of a pass after the first (``later_pass``) first imports the libraries only
-        those passes use (:data:`megacpp_assets.run_workers.LATER_PASSES`)."""
+        those passes use (:data:`megacpp_assets.run_workers.LATER_PASS_MODULES`)."""
         import logging
 
         from megacpp_assets.run_workers import import_for_later_pass, stdout_handler

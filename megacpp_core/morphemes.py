@@ -30,10 +30,10 @@ def measure_morphemes(texts: Iterable[str], morphemes: Iterable[str],
     identifier is searched once (leftmost, non-overlapping: ``re.finditer`` of the escaped
     morpheme over the distinct identifiers, one per line) and its hits weighted by how
     often the identifier occurs. On ``default``'s training sample (10.7 M characters,
-    45,000 distinct identifiers, 97 morphemes) that takes 0.31–0.36 s where searching
-    every occurrence took 0.70 s, on the thread that counts while the BPE trainer reads
-    the same texts. A morpheme with a newline, or the empty one, is counted in the whole
-    joined text as it stands.
+    45,000 distinct identifiers, 97 morphemes) that takes 0.31–0.36 s, against 0.70 s for
+    ``str.count`` over every occurrence, on the thread that counts while the BPE trainer
+    reads the same texts. When any morpheme has a newline or is empty, every morpheme is
+    counted with ``str.count`` in the whole joined text.
     """
     morphemes = list(morphemes)
     counts = dict.fromkeys(morphemes, 0)

@@ -474,13 +474,21 @@ def _run(stage: Stage, root: DataRoot, manifest: Manifest, partition: Partition,
             if d.schema is not None:
                 checks[d.schema_check] = _schema_verdict(root, d, partition, result.outputs[d.name])
     figures = dict(result.figures)
-    # the stage's images of its figures are part of its work (drawn here, timed with it)
-    images = stage.plots(figures) if stage.plots is not None and all(v[0] for v in checks.values()) else {}
+    # the stage's images of its figures are part of its work (drawn here, timed with it);
+    # a drawing that fails fails the stage, once its figures are persisted below
+    images, plot_error = {}, None
+    if stage.plots is not None and all(v[0] for v in checks.values()):
+        try:
+            images = stage.plots(figures)
+        except Exception as e:  # noqa: BLE001 — raised again after the figures are written
+            plot_error = e
     figures["wall_seconds"] = round(time.perf_counter() - t0, 3)
     if ran:
         figures["max_rss_mb"] = peak_rss_mb()  # the step's own process: compute, commit and gates
     if shards is None or partition.shard in shards:
         root.write_json(fig_key, figures)
+    if plot_error is not None:
+        raise plot_error
     res = StageResult(stage.name, partition, written, figures, checks, data_version(written),
                       settings_fingerprint(stage, manifest, partition), images)
     brief = ", ".join(f"{k}={figures[k]}" for k in ("files", "files_out", "documents", "tokens", "rows", "vocab_size")

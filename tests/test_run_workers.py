@@ -431,9 +431,9 @@ class _PassProbe:
     def later_libraries(self) -> list[str]:
         import sys
 
-        from megacpp_assets.run_workers import LATER_PASSES
+        from megacpp_assets.run_workers import LATER_PASS_MODULES
 
-        return sorted(m for m in LATER_PASSES if m in sys.modules)
+        return sorted(m for m in LATER_PASS_MODULES if m in sys.modules)
 
 
 @pytest.mark.integration
@@ -442,14 +442,26 @@ def test_only_a_later_pass_worker_imports_the_later_pass_libraries(tiny_run):
     first use them, and the first pass's workers wait for the server's imports), nor does
     any module it preloads pull them in; a worker of a later pass imports them as it
     starts, so its stages find them imported."""
-    from megacpp_assets.run_workers import LATER_PASSES, WorkerPool, start_fork_server
+    from megacpp_assets.run_workers import LATER_PASS_MODULES, WorkerPool, start_fork_server
     from megacpp_core.storage import open_root
 
     root, instance = tiny_run
     start_fork_server()
     args = (str(root / "snapshots" / "tiny" / "manifest.yaml"), open_root(str(root)).url, instance.get_ref(), False, None)
-    for later, expected in ((False, []), (True, sorted(LATER_PASSES))):
+    for later, expected in ((False, []), (True, sorted(LATER_PASS_MODULES))):
         got: list = []
         with WorkerPool(1, _PassProbe, args + (later,)).start() as pool:
             assert pool.run_units([("later_libraries", ())], lambda m, a, r: (got.append(r), (True, []))[1])
         assert got == [expected], later
+
+
+def test_a_later_pass_module_that_fails_to_import_is_reported(monkeypatch, capsys):
+    import gc
+
+    from megacpp_assets import run_workers
+
+    monkeypatch.setattr(run_workers, "LATER_PASS_MODULES", ("megacpp_no_such_module", "json"))
+    enabled = gc.isenabled()
+    assert run_workers.import_for_later_pass() == ["megacpp_no_such_module"]
+    assert "could not import megacpp_no_such_module" in capsys.readouterr().err
+    assert gc.isenabled() == enabled  # the collector as it was

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, RunsFilter
 
-from megacpp_core import catalog, stages
+from megacpp_core import catalog, layout, stages
 from megacpp_core.manifest import load_manifest
 from megacpp_core.runner import run_stage
 from megacpp_core.stage import Dataset, Partition, Partitioning, Result, Stage, StageError
@@ -151,6 +151,15 @@ def test_plots_are_drawn_by_the_runner_inside_the_stage_time_when_the_gates_pass
     failed = run_stage(_tiny_stage(compute, figures=("n",), gates=(gate(False),), plots=plots), root, m, part)
     assert not failed.ok and failed.plots == {} and len(drawn) == 1
     assert "plots" not in to_result(_tiny_stage(compute, plots=plots), failed, root)[0].metadata
+
+    def broken(figures):
+        raise RuntimeError("cannot draw")
+
+    fig_key = layout.figures_key("tiny", "probe", "lz4-4.4.5", "000")
+    root.delete(fig_key)
+    with pytest.raises(RuntimeError, match="cannot draw"):  # the stage fails, its figures persisted first
+        run_stage(_tiny_stage(compute, figures=("n",), gates=(gate(True),), plots=broken), root, m, part)
+    assert root.read_json(fig_key)["n"] == 3
 
 
 def test_registry_refuses_broken_lineage():

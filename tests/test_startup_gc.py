@@ -35,10 +35,11 @@ def test_startup_gc_is_off_until_settled_then_freezes_and_gives_everything_back(
         assert gc.isenabled()
         frozen = gc.get_freeze_count()
         assert frozen >= len(kept)  # out of every later full collection
+        later = [[i] for i in range(2_000)]  # made after the freeze: a second freeze would take them
         settled()  # a second call changes nothing: no second freeze, no thaw
         # (reference counting may still free a few frozen objects meanwhile, e.g. those other
         # threads of the test process drop; a freeze would grow the count, a thaw empty it)
-        assert gc.isenabled() and frozen - 1000 < gc.get_freeze_count() <= frozen
+        assert gc.isenabled() and frozen - 1000 < gc.get_freeze_count() <= frozen and len(later) == 2_000
     assert gc.isenabled() and gc.get_freeze_count() == 0  # given back to the collector
 
 
