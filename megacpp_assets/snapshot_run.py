@@ -60,11 +60,13 @@ class SnapshotRun:
     def in_worker(cls, manifest_path: str, root_url: str, instance_ref, rerun: bool, stages,
                   later_pass: bool = False) -> "SnapshotRun":
         """The worker's copy: the manifest, data root and instance are opened again. A
-        worker of a pass after the first (``later_pass``) first imports the libraries only
-        those passes use (:data:`megacpp_assets.run_workers.LATER_PASS_MODULES`)."""
+        worker of a pass after the first (``later_pass``) lowers its priority
+        (:func:`megacpp_assets.run_workers.lower_priority`: it starts while this pass's
+        snapshot steps run in the calling process) and imports the libraries only those
+        passes use (:data:`megacpp_assets.run_workers.LATER_PASS_MODULES`)."""
         import logging
 
-        from megacpp_assets.run_workers import import_for_later_pass, stdout_handler
+        from megacpp_assets.run_workers import import_for_later_pass, lower_priority, stdout_handler
         from megacpp_core.manifest import load_manifest
         from megacpp_core.storage import open_root
 
@@ -73,6 +75,7 @@ class SnapshotRun:
         lg.setLevel(logging.INFO)
         lg.propagate = False
         if later_pass:
+            lower_priority()
             import_for_later_pass()
         from megacpp_core import memo
 

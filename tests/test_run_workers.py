@@ -428,12 +428,13 @@ class _PassProbe:
 
         self.run = SnapshotRun.in_worker(*args)
 
-    def later_libraries(self) -> list[str]:
+    def later_libraries(self) -> tuple[list[str], int]:
+        """The later passes' libraries this process has imported, and its niceness."""
         import sys
 
         from megacpp_assets.run_workers import LATER_PASS_MODULES
 
-        return sorted(m for m in LATER_PASS_MODULES if m in sys.modules)
+        return sorted(m for m in LATER_PASS_MODULES if m in sys.modules), os.nice(0)
 
 
 @pytest.mark.integration
@@ -441,18 +442,34 @@ def test_only_a_later_pass_worker_imports_the_later_pass_libraries(tiny_run):
     """The fork server does not import networkx and matplotlib (only passes after the
     first use them, and the first pass's workers wait for the server's imports), nor does
     any module it preloads pull them in; a worker of a later pass imports them as it
-    starts, so its stages find them imported."""
-    from megacpp_assets.run_workers import LATER_PASS_MODULES, WorkerPool, start_fork_server
+    starts, so its stages find them imported, at the lowest priority (it starts while the
+    calling process runs the earlier pass's snapshot steps); a first pass's worker keeps
+    the priority it was forked with."""
+    from megacpp_assets.run_workers import LATER_PASS_MODULES, LATER_PASS_NICE, WorkerPool, start_fork_server
     from megacpp_core.storage import open_root
 
     root, instance = tiny_run
     start_fork_server()
     args = (str(root / "snapshots" / "tiny" / "manifest.yaml"), open_root(str(root)).url, instance.get_ref(), False, None)
-    for later, expected in ((False, []), (True, sorted(LATER_PASS_MODULES))):
+    base = os.nice(0)
+    for later, expected in ((False, ([], base)), (True, (sorted(LATER_PASS_MODULES), max(base, LATER_PASS_NICE)))):
         got: list = []
         with WorkerPool(1, _PassProbe, args + (later,)).start() as pool:
             assert pool.run_units([("later_libraries", ())], lambda m, a, r: (got.append(r), (True, []))[1])
         assert got == [expected], later
+
+
+def test_lower_priority_only_raises_the_niceness():
+    """In a child process (the niceness of this one is left alone): raised to the level
+    asked, never lowered back."""
+    import subprocess
+    import sys
+
+    code = ("import os; from megacpp_assets.run_workers import lower_priority as lp; "
+            "print(os.nice(0), lp(5), lp(3), lp(), os.nice(0))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    base = int(out[0])
+    assert [int(x) for x in out[1:]] == [max(base, 5), max(base, 5), max(base, 19), max(base, 19)]
 
 
 def test_a_later_pass_module_that_fails_to_import_is_reported(monkeypatch, capsys):
