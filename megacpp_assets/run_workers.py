@@ -107,20 +107,24 @@ LATER_PASS_NICE = 19
 
 
 def lower_priority(nice: int = LATER_PASS_NICE) -> int:
-    """Raise this process's niceness to ``nice`` (never lowers it; an unprivileged process
-    could not raise it back); returns the niceness it has now. A later pass's pool starts
+    """Raise this process's niceness to ``nice`` (never lowers it: an unprivileged process
+    could not lower it again); returns the niceness it has now. A later pass's pool starts
     while the calling process runs the earlier pass's snapshot steps, the critical path
     (the dedup decisions, the tokenizer's training, which leaves part of the cores idle):
     at this niceness the workers' start-up (:func:`import_for_later_pass`, the instance,
     the warm-up) takes only the CPU those steps leave. Afterwards the calling process only
     waits for the workers, which all run at the same niceness, so it costs their steps
-    nothing on a machine running ``megacpp run`` alone. An ``OSError`` (a system without
-    ``nice``) leaves the priority as it is."""
+    nothing on a machine running ``megacpp run`` alone. A system without ``os.nice``, or
+    one that refuses the change (``OSError``), leaves the priority as it is (0 is returned
+    without ``os.nice``)."""
+    if not hasattr(os, "nice"):
+        return 0
+    now = os.nice(0)
     try:
-        now = os.nice(0)
         return os.nice(nice - now) if now < nice else now
     except OSError:
-        return os.nice(0) if hasattr(os, "nice") else 0
+        return now
+
 
 def start_method() -> str:
     """``"forkserver"`` (the default), or ``"spawn"`` when ``MEGACPP_WORKER_START=spawn``;
