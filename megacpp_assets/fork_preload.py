@@ -42,11 +42,10 @@ from __future__ import annotations
 
 import atexit
 import gc
-import importlib
 import os
 import sys
 
-from megacpp_assets.run_workers import PRELOAD
+from megacpp_assets.run_workers import PRELOAD, import_guarded
 
 
 def _exit_now() -> None:
@@ -59,12 +58,7 @@ def _exit_now() -> None:
 
 
 gc.disable()  # until the freeze below: the imports' allocations would trigger full collections
-for _name in PRELOAD:
-    try:
-        importlib.import_module(_name)
-    except Exception as _e:  # noqa: BLE001 — reported; the worker imports it again when needed
-        print(f"megacpp run: the fork server could not import {_name} ({type(_e).__name__}: {_e}); "
-              "workers import it themselves", file=sys.stderr)
+import_guarded(PRELOAD, "the fork server", "workers import it themselves")  # each guarded, reported
 
 try:  # every worker's run databases are copies of it (instance_storage.run_template): made once, here
     from megacpp_assets.instance_storage import run_template

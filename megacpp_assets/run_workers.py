@@ -77,28 +77,34 @@ PRELOAD = (
 LATER_PASS_MODULES = ("networkx", "matplotlib.figure", "matplotlib.backends.backend_agg")
 
 
-def import_for_later_pass() -> list[str]:
-    """Import :data:`LATER_PASS_MODULES` in this process, with the garbage collector off
-    as the fork server imports (:mod:`megacpp_assets.fork_preload`); returns the names
-    that failed, each reported on standard error as the fork server reports its own (the
-    stage that uses it imports it again and meets the error)."""
+def import_guarded(names: Iterable[str], who: str, then: str) -> list[str]:
+    """Import each module of ``names`` with the garbage collector off meanwhile (its
+    earlier state restored after), as :mod:`megacpp_assets.fork_preload` imports
+    :data:`PRELOAD`; a module raising at import (any ``Exception``) is reported on
+    standard error as ``megacpp run: WHO could not import NAME (Type: message); THEN``
+    and skipped. Returns the names that failed."""
     import importlib
 
     failed = []
     enabled = gc.isenabled()
     gc.disable()
     try:
-        for name in LATER_PASS_MODULES:
+        for name in names:
             try:
                 importlib.import_module(name)
-            except Exception as e:  # noqa: BLE001 — reported; the stage that needs it meets the error
+            except Exception as e:  # noqa: BLE001 — reported; whoever needs the module imports it again
                 failed.append(name)
-                print(f"megacpp run: a worker could not import {name} ({type(e).__name__}: {e}); "
-                      "the stage that uses it imports it itself", file=sys.stderr)
+                print(f"megacpp run: {who} could not import {name} ({type(e).__name__}: {e}); {then}", file=sys.stderr)
     finally:
         if enabled:
             gc.enable()
     return failed
+
+
+def import_for_later_pass() -> list[str]:
+    """Import :data:`LATER_PASS_MODULES` in this process (:func:`import_guarded`); returns
+    the names that failed (the stage that uses one imports it again and meets the error)."""
+    return import_guarded(LATER_PASS_MODULES, "a worker", "the stage that uses it imports it itself")
 
 
 #: Niceness a later pass's worker takes as it starts (:func:`lower_priority`; the highest,
