@@ -49,7 +49,8 @@ import tree_sitter
 import tree_sitter_c
 import tree_sitter_cpp
 
-from . import ast_types, chunk, tree_arrays
+from . import ast_types, callees, chunk, tree_arrays
+from .native import tswalk
 from .chunk import ParsedSource, StructureCategory
 
 __all__ = ["ENRICHMENT_VERSION", "MAX_DEPTH", "Unit", "FileEnrichment", "DocumentEnrichment", "enrich_file",
@@ -77,15 +78,26 @@ _RECORDED = (_PREAMBLE | _PREPROC_BLOCKS | _CLASSLIKE | _MEMBERS | _CLASS_ONLY_M
              | {"comment", "function_definition", "declaration", "template_declaration", "namespace_definition",
                 "call_expression", "type_identifier"})
 #: Recorded kinds whose rule reads the node's fields or children, so the walk makes a
-#: Python ``Node`` for them; the other rules need only the kind and the byte range.
+#: Python ``Node`` for them; the other rules need only the kind and the byte range (a call's
+#: callee is found from its index: :func:`megacpp_core.callees.callee_spans`).
 _WITH_NODE = (_CLASSLIKE | _TYPEDEFS | {"function_definition", "declaration", "template_declaration",
-                                        "namespace_definition", "call_expression"})
+                                        "namespace_definition"})
 #: Roles of node kinds for the two contexts of the rules (:class:`_Walk`).
 _TYPE_CONTEXT, _STATEMENTS, _CLASS_BODY = 1, 2, 3
 #: ``kind_id`` of tree-sitter's ERROR nodes.
 _ERROR_KIND = 65535
 #: Per grammar: ``uint8[65536]`` role of every ``kind_id`` (0: none).
 _ROLES: dict[str, np.ndarray] = {}
+#: Groups of the recorded kinds: a rule of :meth:`_Walk._special`, a type use, a call.
+_OWN_RULE, _TYPE_USE, _CALL = 1, 2, 3
+#: Per grammar: ``uint8[65536]`` group of every recorded ``kind_id`` (0: not recorded).
+_GROUPS: dict[str, np.ndarray] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _language(grammar: str) -> tree_sitter.Language:
+    """The tree-sitter language of ``grammar`` (``"c"``; any other value: C++)."""
+    return tree_sitter.Language(tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language())
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,9 +105,9 @@ def _kinds(grammar: str) -> tuple[dict[int, str], bytearray]:
     """``(kind_id -> type, recorded)`` over the named node kinds (all alias ids): the
     types of :data:`_RECORDED` and a 65,536-entry flag table of them (2 for the kinds of
     :data:`_WITH_NODE`, 1 for the others: :func:`megacpp_core.tree_arrays.walk`); the role
-    of every kind goes to :data:`_ROLES`."""
-    lang = tree_sitter.Language(tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language())
-    names, recorded, role = {}, bytearray(65536), bytearray(65536)
+    of every kind goes to :data:`_ROLES`, the group of every recorded kind to :data:`_GROUPS`."""
+    lang = _language(grammar)
+    names, recorded, role, group = {}, bytearray(65536), bytearray(65536), bytearray(65536)
     for i in range(lang.node_kind_count):
         name = lang.node_kind_for_id(i)
         if not lang.node_kind_is_named(i):
@@ -103,6 +115,7 @@ def _kinds(grammar: str) -> tuple[dict[int, str], bytearray]:
         if name in _RECORDED:
             names[i] = name
             recorded[i] = 2 if name in _WITH_NODE else 1
+            group[i] = _TYPE_USE if name == "type_identifier" else _CALL if name == "call_expression" else _OWN_RULE
         if name in _TYPE_CONTEXTS:
             role[i] = _TYPE_CONTEXT
         elif name == "compound_statement":
@@ -110,6 +123,7 @@ def _kinds(grammar: str) -> tuple[dict[int, str], bytearray]:
         elif name == "field_declaration_list":
             role[i] = _CLASS_BODY
     _ROLES[grammar] = np.frombuffer(bytes(role), dtype=np.uint8)
+    _GROUPS[grammar] = np.frombuffer(bytes(group), dtype=np.uint8)
     return names, recorded
 
 
@@ -146,24 +160,6 @@ def _is_function_declarator(node) -> bool:
             return inner is None or inner.type != "parenthesized_declarator"
         node = node.child_by_field_name("declarator")
     return False
-
-
-def _callee_name(call) -> str | None:
-    """Called function's name of a ``call_expression``: ``f``, ``ns::f``, ``obj.f``, ``f<T>``."""
-    fn = call.child_by_field_name("function")
-    while fn is not None:
-        t = fn.type
-        if t in ("identifier", "field_identifier"):
-            return fn.text.decode("utf-8", "replace")
-        if t == "field_expression":
-            fn = fn.child_by_field_name("field")
-        elif t in ("qualified_identifier", "template_function", "template_method"):
-            fn = fn.child_by_field_name("name")
-        elif t == "parenthesized_expression":
-            fn = fn.named_children[0] if fn.named_children else None
-        else:
-            return None
-    return None
 
 
 @dataclass
@@ -229,6 +225,7 @@ class _Walk:
 
     def __init__(self, parsed: ParsedSource, native: bool | None = None):
         names, recorded = _kinds(parsed.grammar)
+        native = tswalk.available() if native is None else native
         arrays, nodes = tree_arrays.walk(parsed.tree, recorded, native)
         self.starts, self.ends, self.parents, self.kind_ids = arrays.starts, arrays.ends, arrays.parents, arrays.kind_ids
         self.depths, self.sibs, ids = arrays.depths, arrays.sibs, arrays.picked
@@ -242,19 +239,20 @@ class _Walk:
         self.fn_defs: list[tuple[int, str]] = []
         self.type_defs: list[tuple[int, str]] = []
         src = parsed.src
-        type_ids: list[tuple[int, int, int]] = []
-        for i, node, kid, sb, eb, cls in zip(ids.tolist(), nodes, kinds, starts, ends, in_class):
-            t = names[kid]
-            if t == "type_identifier":
-                type_ids.append((i, sb, eb))
-            else:
-                self._special(node, t, sb, eb, src, cls)
-        if type_ids:
-            inside = tree_arrays.nearest_role_is(np.fromiter((i for i, _, _ in type_ids), dtype=np.int64, count=len(type_ids)),
-                                                 self.parents, _ROLES[parsed.grammar][self.kind_ids],
+        group = _GROUPS[parsed.grammar][self.kind_ids[ids]]  # type identifiers and calls: whole arrays
+        for j in np.flatnonzero(group == _OWN_RULE).tolist():
+            self._special(nodes[j], names[kinds[j]], starts[j], ends[j], src, in_class[j])
+        calls = np.flatnonzero(group == _CALL)
+        if calls.size:
+            cs, ce = callees.callee_spans(parsed.tree, parsed.grammar, _language(parsed.grammar), ids[calls], native)
+            self.calls = [(starts[j], src[a:b].decode("utf-8", "replace"))
+                          for j, a, b in zip(calls.tolist(), cs.tolist(), ce.tolist()) if b > a]
+        types = np.flatnonzero(group == _TYPE_USE)
+        if types.size:
+            inside = tree_arrays.nearest_role_is(ids[types], self.parents, _ROLES[parsed.grammar][self.kind_ids],
                                                  _TYPE_CONTEXT, _STATEMENTS)
-            self.uses = [(sb, src[sb:eb].decode("utf-8", "replace"))
-                         for (_, sb, eb), ok in zip(type_ids, inside.tolist()) if ok]
+            self.uses = [(starts[j], src[starts[j]:ends[j]].decode("utf-8", "replace"))
+                         for j, ok in zip(types.tolist(), inside.tolist()) if ok]
 
     def _special(self, node, t: str, sb: int, eb: int, src: bytes, in_class: bool) -> None:
         """Record what ``node`` of type ``t`` contributes (``in_class``: its parent is a class body)."""
@@ -314,10 +312,6 @@ class _Walk:
             body = node.child_by_field_name("body")
             if body is not None and body.end_byte - body.start_byte >= 2:
                 paint.append((body.start_byte + 1, body.end_byte - 1, _S.OTHER))
-        elif t == "call_expression":
-            name = _callee_name(node)
-            if name:
-                self.calls.append((sb, name))
 
 
 def _ast_planes(parsed: ParsedSource, w: _Walk, char_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

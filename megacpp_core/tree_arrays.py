@@ -75,14 +75,12 @@ def walk(tree, flags: bytearray, native: bool | None = None) -> tuple[tswalk.Nod
     when it is True and the library is not available). Both give the same result."""
     if tswalk.available() if native is None else native:
         arrays = tswalk.walk(tree, flags, MAX_DEPTH)
-        c, nodes = tree.walk(), []
+        c, nodes = tree.walk(), [None] * len(arrays.picked)
         goto = c.goto_descendant
-        for i, k in zip(arrays.picked.tolist(), arrays.kind_ids[arrays.picked].tolist()):
-            if flags[k] == 2:
-                goto(i)
-                nodes.append(c.node)
-            else:
-                nodes.append(None)
+        wanted = np.flatnonzero(np.frombuffer(flags, np.uint8)[arrays.kind_ids[arrays.picked]] == 2)
+        for j, i in zip(wanted.tolist(), arrays.picked[wanted].tolist()):
+            goto(i)
+            nodes[j] = c.node
         return arrays, nodes
     starts, ends, parents, kind_ids, ids, nodes = [], [], [], [], [], []
     sa, ea, pa, ka = starts.append, ends.append, parents.append, kind_ids.append

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from megacpp_core import chunk, enrich
+from megacpp_core import callees, chunk, enrich
 from megacpp_core.layout import SnapshotLayout
 from megacpp_core.native import build, tswalk
 
@@ -25,6 +25,9 @@ HOSTILE = [
     "int a[] = {" + ",".join(str(i) for i in range(60_000)) + "};\n",  # one huge line
     "int f(int x) {\n" + "".join(f"  {'else ' if i else ''}if (x == {i}) return {i};\n" for i in range(1500)) + "}\n",
     "(" * 5000 + ")" * 5000,
+    # call forms: named through fields, parentheses (a comment inside names nothing), or not at all
+    "void t() { f(1); (g)(2); ((h))(3); ( /*c*/ k)(4); (*fp)(5); a[1](6); m()(7); o.p(8); q->r(9); ns::s(10);\n"
+    "  u<int>(11); o.template v<int>(12); ::w(13); x.operator()(14); A::B::y<T>::z(15); f(;\n",
     bytes(range(256)).decode("latin-1") * 40,  # binary-looking text
 ]
 
@@ -198,3 +201,51 @@ def test_owners_refuse_inconsistent_node_arrays():
         parents = w.parents.copy()
         parents[-1] = bad_parent
         assert tswalk.owners(w.starts, w.ends, parents, positions) is None
+
+
+CALLS = ("void t() { f(1); (g)(2); ((h))(3); ( /*c*/ k)(4); (*fp)(5); a[1](6); m()(7); o.p(8); q->r(9);\n"
+         "  ns::s(10); u<int>(11); o.template v<int>(12); ::w(13); A::B::y<T>::z(14); n.e(1).d(2); }\n")
+#: What each call of CALLS names, in order (``m()(7)`` names only the inner ``m``; the field of
+#: ``o.template v<int>`` is a ``dependent_name``, which names nothing; ``n.e(1).d(2)`` names
+#: ``d``, then its callee object's call ``e``).
+CALLED = ["f", "g", "h", "m", "p", "r", "s", "u", "w", "z", "d", "e"]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_callee_names_of_each_call_form(native):
+    parsed = chunk.parse_source(CALLS, "cpp")
+    w = enrich._Walk(parsed, native=native)
+    assert [name for _, name in w.calls] == CALLED
+    starts = [CALLS.index(c) for c in ("f(1)", "(g)", "((h))", "m()", "o.p", "q->r", "ns::s", "u<int>", "::w", "A::B",
+                                         "n.e", "n.e")]
+    assert [at for at, _ in w.calls] == starts  # each at the start of its call expression (bytes: ASCII text)
+
+
+def test_native_callee_spans_refuse_wrong_arguments():
+    parsed = chunk.parse_source(CALLS, "cpp")
+    w = enrich._Walk(parsed, native=True)
+    step, fields = callees._table("cpp", enrich._language("cpp"))
+    calls = np.flatnonzero(w.kind_ids == parsed.tree.root_node.child(0).child_by_field_name("body").named_children[0]
+                           .named_children[0].kind_id)
+    starts, ends = tswalk.callees(parsed.tree, calls, step, fields)
+    assert CALLS.encode()[starts[0]:ends[0]] == b"f" and starts.dtype == np.int64
+    with pytest.raises(ValueError, match="outside the tree"):
+        tswalk.callees(parsed.tree, np.array([len(w.starts)]), step, fields)
+    with pytest.raises(ValueError, match="outside the tree"):
+        tswalk.callees(parsed.tree, np.array([-1]), step, fields)
+    with pytest.raises(ValueError, match="65,536"):
+        tswalk.callees(parsed.tree, calls, bytearray(10), fields)
+    with pytest.raises(TypeError):
+        tswalk.callees(parsed.tree.root_node, calls, step, fields)
+
+
+def test_a_library_without_a_function_falls_back_with_a_warning(monkeypatch):
+    """A ``_tswalk.so`` built from an older ``tswalk.c`` (one exported function missing)."""
+    monkeypatch.setattr(tswalk, "_lib", None)
+    monkeypatch.setattr(tswalk, "_checked", False)
+    monkeypatch.setattr(tswalk, "_FUNCTIONS", tswalk._FUNCTIONS + ("megacpp_ts_not_there",))
+    with pytest.warns(RuntimeWarning, match="lacks megacpp_ts_not_there"):
+        assert not tswalk.available()
+    w = enrich._Walk(chunk.parse_source(CALLS, "cpp"))  # the Python walk and rule
+    assert [name for _, name in w.calls] == CALLED
+    monkeypatch.setattr(tswalk, "_checked", False)

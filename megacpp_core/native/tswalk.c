@@ -101,3 +101,44 @@ EXPORT int64_t megacpp_ts_owners(int64_t n, const int64_t *starts, const int64_t
     }
     return 0;
 }
+
+/* The callee names of call expressions (the rule of megacpp_core.enrich._callee_node). For
+ * each node index idx[k] (pre-order indices of megacpp_ts_walk), its `f_function` field
+ * child is followed while step[symbol] (65,536 entries) says how: 1, the node is the name:
+ * its byte span goes to cs[k], ce[k]; 2, go to its `f_field` child; 3, to its `f_name`
+ * child; 4, to its first named child; 0, the call has no name. Where there is none (or a
+ * child is missing), cs[k] = ce[k] = -1. Returns 0, or -1 when an index is outside the
+ * tree (nothing is valid then). */
+EXPORT int64_t megacpp_ts_callees(const TSTree *tree, int64_t m, const int64_t *idx, const uint8_t *step,
+                                  int64_t f_function, int64_t f_field, int64_t f_name, int64_t *cs, int64_t *ce) {
+    TSNode root = ts_tree_root_node(tree);
+    int64_t total = ts_node_descendant_count(root);
+    TSTreeCursor c = ts_tree_cursor_new(root);
+    for (int64_t k = 0; k < m; k++) {
+        cs[k] = ce[k] = -1;
+        if (idx[k] < 0 || idx[k] >= total) {
+            ts_tree_cursor_delete(&c);
+            return -1;
+        }
+        ts_tree_cursor_goto_descendant(&c, (uint32_t)idx[k]);
+        TSNode fn = ts_node_child_by_field_id(ts_tree_cursor_current_node(&c), (TSFieldId)f_function);
+        while (!ts_node_is_null(fn)) {
+            uint8_t s = step[ts_node_symbol(fn)];
+            if (s == 1) {
+                cs[k] = ts_node_start_byte(fn);
+                ce[k] = ts_node_end_byte(fn);
+                break;
+            } else if (s == 2) {
+                fn = ts_node_child_by_field_id(fn, (TSFieldId)f_field);
+            } else if (s == 3) {
+                fn = ts_node_child_by_field_id(fn, (TSFieldId)f_name);
+            } else if (s == 4) {
+                fn = ts_node_named_child(fn, 0);
+            } else {
+                break;
+            }
+        }
+    }
+    ts_tree_cursor_delete(&c);
+    return 0;
+}

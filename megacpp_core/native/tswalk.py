@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import tree_sitter
 
-__all__ = ["NodeArrays", "available", "walk", "owners", "LIBRARY"]
+__all__ = ["NodeArrays", "available", "walk", "owners", "callees", "LIBRARY"]
 
 #: The compiled library (``python -m megacpp_core.native.build``).
 LIBRARY = Path(__file__).resolve().with_name("_tswalk.so")
@@ -34,6 +34,9 @@ LIBRARY = Path(__file__).resolve().with_name("_tswalk.so")
 _TREE_OFFSET = object.__basicsize__
 #: ``sizeof(Tree)`` of the binding: ``PyObject_HEAD`` and three pointers (tree, source, language).
 _TREE_SIZE = _TREE_OFFSET + 3 * ctypes.sizeof(ctypes.c_void_p)
+
+#: The functions the library must export (one built from an older ``tswalk.c`` lacks some).
+_FUNCTIONS = ("megacpp_ts_count", "megacpp_ts_walk", "megacpp_ts_owners", "megacpp_ts_callees")
 
 _lib: ctypes.CDLL | None = None
 _checked = False
@@ -79,6 +82,11 @@ def _load() -> ctypes.CDLL | None:
                       f"(Tree size {tree_sitter.Tree.__basicsize__}, expected {_TREE_SIZE}); using the Python walk. "
                       "Rebuild it: python -m megacpp_core.native.build", RuntimeWarning, stacklevel=3)
         return None
+    missing = [f for f in _FUNCTIONS if not hasattr(lib, f)]
+    if missing:
+        warnings.warn(f"{LIBRARY.name} lacks {', '.join(missing)} (built from an older tswalk.c); using the Python "
+                      "walk. Rebuild it: python -m megacpp_core.native.build", RuntimeWarning, stacklevel=3)
+        return None
     p = ctypes.c_void_p
     lib.megacpp_ts_count.restype = ctypes.c_uint32
     lib.megacpp_ts_count.argtypes = [p]
@@ -86,6 +94,8 @@ def _load() -> ctypes.CDLL | None:
     lib.megacpp_ts_walk.argtypes = [p, ctypes.c_int64, p, ctypes.c_int64, p, p, p, p, p, p, p, p]
     lib.megacpp_ts_owners.restype = ctypes.c_int64
     lib.megacpp_ts_owners.argtypes = [ctypes.c_int64, p, p, p, ctypes.c_int64, p, p]
+    lib.megacpp_ts_callees.restype = ctypes.c_int64
+    lib.megacpp_ts_callees.argtypes = [p, ctypes.c_int64, p, p, *[ctypes.c_int64] * 3, p, p]
     _lib = lib
     return lib
 
@@ -141,3 +151,32 @@ def owners(starts: np.ndarray, ends: np.ndarray, parents: np.ndarray, positions:
     ok = lib.megacpp_ts_owners(len(arrays[0]), arrays[0].ctypes.data, arrays[1].ctypes.data, arrays[2].ctypes.data,
                                len(arrays[3]), arrays[3].ctypes.data, out.ctypes.data)
     return out if ok == 0 else None
+
+
+def callees(tree: tree_sitter.Tree, calls: np.ndarray, step: bytearray, fields: tuple[int, int, int]
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The byte span of the callee name of each call node ``calls`` (``int64[m]``, pre-order
+    indices of :func:`walk` over ``tree``): ``(starts, ends)``, ``int64[m]`` each, -1 where a
+    call has none. From the node's ``function`` field, each node met is looked up in
+    ``step`` (65,536 bytes by ``kind_id``): 1, it is the name; 2, go to its ``field`` child;
+    3, to its ``name`` child; 4, to its first named child; 0, no name. ``fields``: the
+    grammar's field ids of ``function``, ``field`` and ``name`` (0 for a field the grammar
+    lacks). The rule of :func:`megacpp_core.enrich._callee_node`, in C.
+
+    Raises ``RuntimeError`` when the library is not :func:`available`, ``TypeError`` for an
+    object that is not a ``tree_sitter.Tree``, ``ValueError`` for a step table of another
+    size or an index outside the tree."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    if type(tree) is not tree_sitter.Tree:
+        raise TypeError(f"expected a tree_sitter.Tree, got {type(tree).__name__}")
+    if len(step) != 65536:
+        raise ValueError(f"the step table has {len(step)} entries, not 65,536")
+    idx = np.ascontiguousarray(calls, dtype=np.int64)
+    out = np.empty((2, len(idx)), dtype=np.int64)
+    ptr = ctypes.c_void_p.from_address(id(tree) + _TREE_OFFSET).value
+    table = (ctypes.c_uint8 * 65536).from_buffer(step)
+    if lib.megacpp_ts_callees(ptr, len(idx), idx.ctypes.data, table, *fields, out[0].ctypes.data, out[1].ctypes.data):
+        raise ValueError(f"a call index outside the tree's {int(lib.megacpp_ts_count(ptr))} nodes")
+    return out[0], out[1]
