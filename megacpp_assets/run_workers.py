@@ -238,7 +238,10 @@ def _ready() -> int:
 
 
 def _call(method: str, *args):
+    before = getattr(_WORKER, "before_unit", None)  # e.g. stop work the worker did while it waited
     try:
+        if before is not None:
+            before()
         return getattr(_WORKER, method)(*args)
     finally:
         sys.stdout.flush()

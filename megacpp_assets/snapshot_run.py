@@ -58,12 +58,14 @@ class SnapshotRun:
 
     @classmethod
     def in_worker(cls, manifest_path: str, root_url: str, instance_ref, rerun: bool, stages,
-                  later_pass: bool = False) -> "SnapshotRun":
+                  later_pass: bool = False, ahead: int = 0) -> "SnapshotRun":
         """The worker's copy: the manifest, data root and instance are opened again. A
         worker of a pass after the first (``later_pass``) lowers its priority
         (:func:`megacpp_assets.run_workers.lower_priority`: it starts while this pass's
         snapshot steps run in the calling process) and imports the libraries only those
-        passes use (:data:`megacpp_assets.run_workers.LATER_PASS_MODULES`)."""
+        passes use (:data:`megacpp_assets.run_workers.LATER_PASS_MODULES`). With ``ahead``
+        (a pass number), it then parses that pass's files ahead until its first unit
+        (:meth:`parse_ahead`)."""
         import logging
 
         from megacpp_assets.run_workers import import_for_later_pass, lower_priority, stdout_handler
@@ -82,7 +84,60 @@ class SnapshotRun:
         run = cls(load_manifest(manifest_path), open_root(root_url), DagsterInstance.from_ref(instance_ref), rerun, stages)
         memo.keep_across_steps()  # a worker runs many steps: a revision's chunk step leaves its files' facts for p3/p4
         run.warm()  # a pool started ahead (the next pass's, during the tokenizer) does it while idle
+        if ahead:
+            run.parse_ahead(ahead)
         return run
+
+    def parse_ahead(self, n: int) -> None:
+        """Start parsing and enriching pass ``n``'s files ahead on a thread of this process
+        (:func:`megacpp_core.parse_ahead.parse_ahead`: the scrubbed files of its shards, in
+        the order :class:`PassUnits` starts them), when the pass chunks files; it stops at
+        :meth:`before_unit`. Its figures go to ``ahead_figures`` (``{}`` until it ends).
+        Nothing raised: what it does not make, the chunk stage makes. As the pass's shards
+        start in that order, each shard unit drops what was made for the shards before it
+        (:meth:`_drop_ahead`): they ran already, here or in another worker."""
+        import threading
+
+        from megacpp_core import parse_ahead
+
+        self.ahead_figures: dict = {}
+        if not 1 <= n <= len(self.passes) or not any(s.name == "chunk" for s in self.passes[n - 1].shard):
+            return
+        stop = threading.Event()
+
+        def work() -> None:
+            try:
+                shards = _pass_shards(self, n)
+                self._ahead_order = [Partition(self.manifest.name, src, k).key for src, k in shards]
+                self.ahead_figures = parse_ahead.parse_ahead(self.root, self.manifest.name, shards,
+                                                             self.manifest.settings.enrichment, stop)
+            except Exception as e:  # noqa: BLE001 — only a head start (the shard plans: the units meet them too)
+                self.ahead_figures = {"ended": f"error: {type(e).__name__}: {e}"}
+
+        self._ahead = (threading.Thread(target=work, name="parse-ahead", daemon=True), stop)
+        self._ahead[0].start()
+
+    def _drop_ahead(self, key: str, keep: bool) -> None:
+        """Drop the files made ahead (:meth:`parse_ahead`) for the shards that start before
+        shard ``key``, and for ``key`` itself unless ``keep`` (its chunk stage runs here)."""
+        from megacpp_core import memo
+
+        order = getattr(self, "_ahead_order", None) or []
+        if key in order:
+            at = order.index(key) + (not keep)
+            for old in order[:at]:
+                memo.PARSED_AHEAD.drop(old)
+            self._ahead_order = order[at:]
+
+    def before_unit(self) -> None:
+        """Called by the worker before each unit (:func:`megacpp_assets.run_workers._call`):
+        stops the parse-ahead thread and waits for it (it checks before each file), so
+        the unit runs alone (tree-sitter's parsers are not shared between threads)."""
+        ahead = getattr(self, "_ahead", None)
+        if ahead is not None:
+            self._ahead = None
+            ahead[1].set()
+            ahead[0].join()
 
     def warm(self) -> None:
         """Do ahead what this process's first run would do on its way to its first step:
@@ -165,6 +220,7 @@ class SnapshotRun:
         _, shard, _ = self.pass_assets(n)
         spart = Partition(self.manifest.name, self.manifest.sources[i - 1].name, k)
         todo = self._out_of_date(spart, shard)
+        self._drop_ahead(spart.key, keep=bool(todo))
         if not todo:
             return "current"
         ok = self._materialize(self.shard_job, spart, shard, f"{self._tag(i)}   shard {k} of {count}", todo=todo)
@@ -364,6 +420,21 @@ def _read_bytes(run: SnapshotRun, groups: list[tuple[str, ...]]) -> list[int]:
     return [sum(size[d.path] for d in ds) for ds in reads]
 
 
+def _pass_shards(run: SnapshotRun, n: int) -> list[tuple[str, str]]:
+    """``[(source, shard key)]`` of pass ``n`` in the order :meth:`PassUnits.first` starts
+    them in a pass without early units (larger first, by :func:`_shard_bytes`; ties by
+    source and key), from the shard plans on the data root (no instance write: the
+    worker's run registers the partitions). Raises what reading a plan raises."""
+    from megacpp_core.runner import revision_shards
+
+    sized = []
+    for i, src in enumerate(run.manifest.sources, 1):
+        keys = revision_shards(run.root, run.manifest.name, src.name)
+        sizes = _shard_bytes(run, i, n) if keys else {}
+        sized += [(sizes.get(k, 0), i, k, src.name) for k in keys]
+    return [(name, k) for _, _, k, name in sorted(sized, key=lambda x: (-x[0], x[1], x[2]))]
+
+
 def _largest_archives_first(run: SnapshotRun) -> list[int]:
     """Source numbers (1-based) by the bytes of their cached archives, largest first
     (their extraction and files come first, the small revisions fill the pass's end);
@@ -429,7 +500,9 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
     in one run: the ended workers' shut-down and the new workers' start-up (forked from
     the fork server with their imports done: the definitions, the instance; then the
     libraries only later passes use, ``later_pass`` of :meth:`SnapshotRun.in_worker`)
-    overlap those steps (the tokenizer's training) instead of preceding or following them. The last
+    overlap those steps (the tokenizer's training) instead of preceding or following them;
+    then, until their first unit, they parse and enrich the next pass's files ahead
+    (:meth:`SnapshotRun.parse_ahead`: the training leaves a core idle). The last
     pass keeps its pool for its snapshot steps, which run there as :class:`SnapshotUnits`
     (groups that do not depend on each other at once, the card last); its workers carry
     nothing into a later pass. After a group fails no further group starts; which
@@ -466,7 +539,7 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
                 return False
             print(f"pass {n}: revisions and shards on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
             if n < len(run.passes):
-                ended, pool = pool, WorkerPool(workers, SnapshotRun.in_worker, args + (True,))
+                ended, pool = pool, WorkerPool(workers, SnapshotRun.in_worker, args + (True, n + 1))
                 ended.release()  # its workers end in the background
                 try:
                     pool.start()

@@ -21,6 +21,13 @@ Memos in use:
 
 A step that runs several stages empties every memo when it ends (:func:`clear_all`).
 
+**Ahead of a pass.** :data:`PARSED_AHEAD` holds each file's parse and enrichment made by
+a worker of the next pass while it waits for that pass (``megacpp run`` starts it during
+the tokenizer's training, which leaves a core idle): :mod:`megacpp_core.parse_ahead`. The
+chunk stage takes them instead of parsing and enriching the file; it is a
+:class:`ScopedMemo` (the same key, the shard's partition key as scope) and is filled only
+where values are kept across steps.
+
 **Across steps.** Two values of a file are kept longer, in a :class:`ScopedMemo`, by a
 process that runs many steps one after another (``megacpp run``'s workers switch this on
 with :func:`keep_across_steps`; a step run alone, by the Dagster UI's executor or in its
@@ -148,6 +155,7 @@ def keep_across_steps(on: bool = True) -> None:
     if not on:
         FILE_INCLUDES.clear()
         FILE_ENRICHMENT.clear()
+        PARSED_AHEAD.clear()
 
 
 def across_steps() -> bool:
@@ -168,10 +176,12 @@ class ScopedMemo:
     ``limit`` in ``size(value)`` units; each value is given once (:meth:`take` removes it).
     A put that would pass the limit drops whole scopes other than its own, oldest first,
     when that makes room; one that cannot fit even then (its own scope holds too much,
-    or the value alone is over the limit) is refused and drops nothing. Thread-safe."""
+    or the value alone is over the limit) is refused and drops nothing. With
+    ``evict=False`` a put never drops another scope: one that does not fit is refused
+    (a memo filled in order of need keeps what it filled first). Thread-safe."""
 
-    def __init__(self, limit: int, size: Callable[[Any], int]):
-        self.limit, self.size = limit, size
+    def __init__(self, limit: int, size: Callable[[Any], int], evict: bool = True):
+        self.limit, self.size, self.evict = limit, size, evict
         self._lock = threading.Lock()
         self._scopes: dict[str, dict[tuple[str, bytes], tuple[Any, int]]] = {}  # oldest scope first
         self._scope_used: dict[str, int] = {}
@@ -187,7 +197,8 @@ class ScopedMemo:
         n = self.size(value)
         with self._lock:
             held = self._scopes.get(scope, {})
-            if key in held or self._scope_used.get(scope, 0) + n > self.limit:
+            if key in held or self._scope_used.get(scope, 0) + n > self.limit or (
+                    not self.evict and self._used + n > self.limit):
                 return False
             for old in [s for s in self._scopes if s != scope]:
                 if self._used + n <= self.limit:
@@ -260,3 +271,20 @@ MAX_ENRICHMENT_BYTES = 192 << 20
 FILE_INCLUDES = ScopedMemo(MAX_INCLUDES_BYTES, includes_bytes)
 #: Each kept file's enrichment, from the chunk stage to ``p4_structure`` (module docstring).
 FILE_ENRICHMENT = ScopedMemo(MAX_ENRICHMENT_BYTES, enrichment_bytes)
+
+
+def ahead_bytes(value) -> int:
+    """Estimated memory of a :data:`PARSED_AHEAD` value ``(parse, enrichment or None)``
+    (:func:`parsed_bytes` plus :func:`enrichment_bytes`)."""
+    parsed, fe = value
+    return parsed_bytes(parsed) + (enrichment_bytes(fe) if fe is not None else 0)
+
+
+#: Bytes of parses and enrichments :data:`PARSED_AHEAD` holds at most (256 MiB a worker:
+#: all of ``default``'s 10.7 M characters take about 300 MB, so the largest shards' files
+#: are held, the rest parsed by the chunk stage as before).
+MAX_AHEAD_BYTES = 256 << 20
+#: Each kept file's parse and enrichment made ahead of its chunk stage by an idle worker
+#: (:mod:`megacpp_core.parse_ahead`); scope: the shard's partition key. Filled in the
+#: order the shards will run and never evicting: what does not fit is not made ahead.
+PARSED_AHEAD = ScopedMemo(MAX_AHEAD_BYTES, ahead_bytes, evict=False)

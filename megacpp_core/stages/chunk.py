@@ -82,7 +82,8 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
                lane_edges: dict[str, dict[str, set]] | None = None,
                keep_ids: Callable[[str, np.ndarray], object] | None = None,
                known_ids: Sequence[np.ndarray | None] | None = None,
-               keep_file: Callable[[str, str, object, object], object] | None = None) -> tuple[dict[str, list], dict]:
+               keep_file: Callable[[str, str, object, object], object] | None = None,
+               ahead: Callable[[str, str], tuple | None] | None = None) -> tuple[dict[str, list], dict]:
     """The documents of the kept files ``d`` (columns of :func:`kept.shard_kept` as lists):
     ``(columns, tallies)``. Columns are those of :data:`DOCUMENTS_SCHEMA`, plus
     :data:`ENRICHED_COLUMNS` when ``enriching``; tallies count parse-error, brace-fallback
@@ -107,6 +108,10 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     :class:`~megacpp_core.enrich.FileEnrichment` (None when not ``enriching``) once the
     file is split (the stage hands what later stages of the revision need through
     :data:`megacpp_core.memo.FILE_INCLUDES` and :data:`~megacpp_core.memo.FILE_ENRICHMENT`).
+    ``ahead(text, language)``, when given, is a file's ``(parse, enrichment or None)`` made
+    ahead of the stage (:func:`ahead_taker`), or None: such a file is not parsed, nor
+    enriched when it has its enrichment (the same values: both depend on the text and
+    language alone). ``tally["files_parsed_ahead"]`` counts them.
     """
     from .. import enrich, platforms
 
@@ -115,7 +120,7 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     if enriching:
         cols.update({f.name: [] for f in ENRICHED_COLUMNS})
     tally = {"parse_errors": 0, "brace_files": 0, "fallback_splits": 0, "split_files": 0, "lane_docs": 0,
-             "enrich_seconds": 0.0, "span_encoded_chars": 0}
+             "enrich_seconds": 0.0, "span_encoded_chars": 0, "files_parsed_ahead": 0}
     tk._require_literal_specials(tok)
     whole = _WholeCounts(tok, d["text"], budget, keep_ids, known_ids)
     prepared: tuple = ()
@@ -129,12 +134,15 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     try:
         for i, text in enumerate(d["text"]):
             key, language = d["doc_key"][i], d["language"][i]
-            parsed = chunk.parse_source(text, language) if text else None
-            fe = None
-            if enriching and text:
+            made = ahead(text, language) if ahead is not None and text else None
+            tally["files_parsed_ahead"] += made is not None
+            parsed, fe = made if made is not None else (chunk.parse_source(text, language) if text else None, None)
+            if enriching and text and fe is None:
                 te = time.perf_counter()
                 fe = enrich.enrich_file(text, language, parsed)
                 tally["enrich_seconds"] += time.perf_counter() - te
+            elif not enriching:
+                fe = None
             n_whole, ids = whole.get(i)  # after parsing and enriching, so the encoding runs alongside
             current[:] = [text, n_whole]
             spans = None
@@ -248,6 +256,18 @@ class _WholeCounts:
         self.pool.shutdown(wait=True)
 
 
+def ahead_taker(scope: str) -> Callable[[str, str], tuple | None]:
+    """``ahead`` of :func:`chunk_rows` for a process that keeps values across steps: the
+    ``(parse, enrichment or None)`` an idle worker made of a file before this stage ran
+    (:mod:`megacpp_core.parse_ahead`), taken from :data:`megacpp_core.memo.PARSED_AHEAD`
+    under the shard's partition key ``scope``, or None."""
+    def take(text: str, language: str) -> tuple | None:
+        if not len(memo.PARSED_AHEAD):  # nothing made ahead: no key to hash
+            return None
+        return memo.PARSED_AHEAD.take(scope, memo.text_key(language, text))
+    return take
+
+
 def _file_keeper(scope: str) -> Callable[[str, str, object, object], None]:
     """``keep_file`` of :func:`chunk_rows` for a process that keeps values across steps
     (:func:`megacpp_core.memo.across_steps`): each file's ``#include`` spellings
@@ -287,10 +307,14 @@ def compute(ctx) -> Result:
     ids_memo.MEMO.begin(sha)  # the whole files' ids, for tokenize in this step (ids_memo)
     known = sample_ids.verified(tok, d["text"], sample_ids.read(ctx.input("tokenizer_sample_ids"), d["doc_key"],
                                                                  d["content_sha256"], sha), sha)
-    cols, tally = chunk_rows(d, tok, sha, budget, enriching, lane_edges,
-                             keep_ids=lambda text, ids: ids_memo.MEMO.put(sha, text, ids), known_ids=known,
-                             keep_file=_file_keeper(Partition(ctx.partition.snapshot, ctx.partition.source).key)
-                             if memo.across_steps() else None)
+    across = memo.across_steps()
+    try:
+        cols, tally = chunk_rows(d, tok, sha, budget, enriching, lane_edges,
+                                 keep_ids=lambda text, ids: ids_memo.MEMO.put(sha, text, ids), known_ids=known,
+                                 keep_file=_file_keeper(Partition(ctx.partition.snapshot, ctx.partition.source).key)
+                                 if across else None, ahead=ahead_taker(ctx.partition.key) if across else None)
+    finally:
+        memo.PARSED_AHEAD.drop(ctx.partition.key)  # what this shard's files left (rows the decisions drop)
     parse_errors, brace_files, fallback = tally["parse_errors"], tally["brace_files"], tally["fallback_splits"]
     split_files, lane_docs, enrich_seconds = tally["split_files"], tally["lane_docs"], tally["enrich_seconds"]
     table = pa.table(cols, schema=schema).replace_schema_metadata({TOKENIZER_KEY: info["sha256"].encode()})
@@ -306,7 +330,7 @@ def compute(ctx) -> Result:
                "fallback_splits": fallback, "kinds": value_counts(table.column("kind")),
                "buckets": {str(k): int(v) for k, v in zip(*np.unique(buckets, return_counts=True))},
                "documents_over_bucket": over_bucket, "tokenizer_sha256": info["sha256"],
-               "files_with_sample_ids": sum(x is not None for x in known),
+               "files_with_sample_ids": sum(x is not None for x in known), "files_parsed_ahead": tally["files_parsed_ahead"],
                "enrichment": enriching}
     if enriching:
         figures.update({
@@ -339,7 +363,7 @@ STAGE = Stage(
     outputs=(catalog.CHUNKS,), settings=("row_length", "enrichment", "semantic_graph"), gates=(budgets_hold,),
     figures=("files", "documents", "files_split", "budget_tokens", "max_document_tokens", "parse_error_files",
              "brace_fallback_files", "brace_fallback_rate", "fallback_splits", "kinds", "buckets", "documents_over_bucket",
-             "tokenizer_sha256", "files_with_sample_ids", "enrichment", "enrichment_version", "enrich_seconds", "ast_node_type_map",
+             "tokenizer_sha256", "files_with_sample_ids", "files_parsed_ahead", "enrichment", "enrichment_version", "enrich_seconds", "ast_node_type_map",
              "ast_node_type_map_sha256", "platform_vocabulary", "platform_vocabulary_sha256", "chunks", "call_edges",
              "type_edges", "platform_labels", "semantic_graph", "semantic_covered_files",
              "documents_with_semantic_edges"),
