@@ -16,20 +16,10 @@ from megacpp_core import chunk, enrich, memo, parse_ahead
 from megacpp_core.manifest import load_manifest
 from megacpp_core.storage import open_root
 
-from .test_file_memo import _counting
+from .test_file_memo import _counting, across_steps  # noqa: F401 — a fixture used by name
 
 SRC = "pybind11-3.1.0"
 K = memo.text_key
-
-
-@pytest.fixture
-def across_steps():
-    """This process keeps values across steps for the test, and not afterwards."""
-    memo.keep_across_steps()
-    try:
-        yield
-    finally:
-        memo.keep_across_steps(False)
 
 
 def _run(root, instance):
