@@ -16,6 +16,7 @@ order units finish in (``tests/test_shards.py``).
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import sys
@@ -93,7 +94,8 @@ class SnapshotRun:
         (:func:`megacpp_core.parse_ahead.parse_ahead`: the scrubbed files of its shards, in
         the order :class:`PassUnits` starts them), when the pass chunks files; it stops at
         :meth:`before_unit`. Its figures go to ``ahead_figures`` (``{}`` until it ends).
-        Nothing raised: what it does not make, the chunk stage makes. As the pass's shards
+        Nothing raised: what it does not make, the chunk stage makes. ``MEGACPP_PARSE_AHEAD=0``
+        switches it off. As the pass's shards
         start in that order, each shard unit drops what was made for the shards before it
         (:meth:`_drop_ahead`): they ran already, here or in another worker."""
         import threading
@@ -101,6 +103,8 @@ class SnapshotRun:
         from megacpp_core import parse_ahead
 
         self.ahead_figures: dict = {}
+        if os.environ.get("MEGACPP_PARSE_AHEAD", "1") == "0":  # off: e.g. to keep a worker's memory flat
+            return
         if not 1 <= n <= len(self.passes) or not any(s.name == "chunk" for s in self.passes[n - 1].shard):
             return
         stop = threading.Event()
@@ -117,13 +121,20 @@ class SnapshotRun:
         self._ahead = (threading.Thread(target=work, name="parse-ahead", daemon=True), stop)
         self._ahead[0].start()
 
-    def _drop_ahead(self, key: str, keep: bool) -> None:
+    def _drop_ahead(self, key: str | None, keep: bool) -> None:
         """Drop the files made ahead (:meth:`parse_ahead`) for the shards that start before
-        shard ``key``, and for ``key`` itself unless ``keep`` (its chunk stage runs here)."""
+        shard ``key``, and for ``key`` itself unless ``keep`` (its chunk stage runs here);
+        ``key`` None: all of them, and the memory they held is handed back
+        (:func:`megacpp_core.tables.release_memory`)."""
         from megacpp_core import memo
+        from megacpp_core.tables import release_memory
 
         order = getattr(self, "_ahead_order", None) or []
-        if key in order:
+        if key is None and order:
+            memo.PARSED_AHEAD.clear()
+            self._ahead_order = []
+            release_memory()
+        elif key in order:
             at = order.index(key) + (not keep)
             for old in order[:at]:
                 memo.PARSED_AHEAD.drop(old)
@@ -264,7 +275,9 @@ class SnapshotRun:
 
     def snapshot_group(self, n: int, assets: tuple[str, ...]) -> bool:
         """One ``snapshot_job`` run of ``assets`` (of pass ``n``; a group of
-        :class:`SnapshotUnits`, or the whole plan in one process)."""
+        :class:`SnapshotUnits`, or the whole plan in one process). Whatever the pass's
+        shards left of the files made ahead is dropped first (:meth:`parse_ahead`)."""
+        self._drop_ahead(None, keep=False)
         name = self.manifest.name
         result = self.snapshot_job.execute_in_process(instance=self.instance, partition_key=name, run_config=QUIET,
                                                       raise_on_error=False, asset_selection=[AssetKey(a) for a in assets])
