@@ -94,10 +94,12 @@ class SnapshotRun:
         (:func:`megacpp_core.parse_ahead.parse_ahead`: the scrubbed files of its shards, in
         the order :class:`PassUnits` starts them), when the pass chunks files; it stops at
         :meth:`before_unit`. Its figures go to ``ahead_figures`` (``{}`` until it ends).
-        Nothing raised: what it does not make, the chunk stage makes. ``MEGACPP_PARSE_AHEAD=0``
-        switches it off. As the pass's shards
+        Nothing raised: what it does not make, the chunk stage makes. As the pass's shards
         start in that order, each shard unit drops what was made for the shards before it
-        (:meth:`_drop_ahead`): they ran already, here or in another worker."""
+        (:meth:`_drop_ahead`): they ran already, here or in another worker; the pass's
+        first snapshot step drops the rest. ``MEGACPP_PARSE_AHEAD=0`` switches it off (a
+        worker then holds no more memory than before: the memo takes up to
+        :data:`megacpp_core.memo.MAX_AHEAD_BYTES`)."""
         import threading
 
         from megacpp_core import parse_ahead

@@ -102,7 +102,7 @@ EXPORT int64_t megacpp_ts_owners(int64_t n, const int64_t *starts, const int64_t
     return 0;
 }
 
-/* The callee names of call expressions (the rule of megacpp_core.enrich._callee_node). For
+/* The callee names of call expressions (the rule of megacpp_core.callees.callee_node). For
  * each node index idx[k] (pre-order indices of megacpp_ts_walk), its `f_function` field
  * child is followed while step[symbol] (65,536 entries) says how: 1, the node is the name:
  * its byte span goes to cs[k], ce[k]; 2, go to its `f_field` child; 3, to its `f_name`

@@ -161,7 +161,7 @@ def callees(tree: tree_sitter.Tree, calls: np.ndarray, step: bytearray, fields: 
     ``step`` (65,536 bytes by ``kind_id``): 1, it is the name; 2, go to its ``field`` child;
     3, to its ``name`` child; 4, to its first named child; 0, no name. ``fields``: the
     grammar's field ids of ``function``, ``field`` and ``name`` (0 for a field the grammar
-    lacks). The rule of :func:`megacpp_core.enrich._callee_node`, in C.
+    lacks). The rule of :func:`megacpp_core.callees.callee_node`, in C.
 
     Raises ``RuntimeError`` when the library is not :func:`available`, ``TypeError`` for an
     object that is not a ``tree_sitter.Tree``, ``ValueError`` for a step table of another
