@@ -219,7 +219,9 @@ def _init(factory: Callable, args: tuple, queue, env: dict[str, str], cwd: str) 
     """Worker initializer: take the caller's environment and working directory, route
     stdout/stderr to ``queue``, then build the worker's state. That state (the instance,
     the jobs) lives as long as the worker, so it is frozen out of the garbage collector's
-    full collections as the fork server's modules are (:mod:`megacpp_assets.fork_preload`)."""
+    full collections as the fork server's modules are (:mod:`megacpp_assets.fork_preload`);
+    then the state's ``after_init()``, when it has one, is called (work started there is
+    not frozen with it). Before each unit, :func:`_call` calls its ``before_unit()``."""
     global _WORKER, FROZEN_AT_START
     FROZEN_AT_START = gc.get_freeze_count()
     if os.environ != env:
@@ -230,6 +232,9 @@ def _init(factory: Callable, args: tuple, queue, env: dict[str, str], cwd: str) 
     _WORKER = factory(*args)
     gc.collect()  # nothing left over from building it is frozen with it
     gc.freeze()
+    after = getattr(_WORKER, "after_init", None)  # e.g. start work for while the worker waits
+    if after is not None:
+        after()
 
 
 def _ready() -> int:

@@ -16,6 +16,7 @@ order units finish in (``tests/test_shards.py``).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import posixpath
 import re
@@ -59,13 +60,15 @@ class SnapshotRun:
 
     @classmethod
     def in_worker(cls, manifest_path: str, root_url: str, instance_ref, rerun: bool, stages,
-                  later_pass: bool = False, ahead: int = 0) -> "SnapshotRun":
+                  later_pass: bool = False, ahead: int = 0, started=None) -> "SnapshotRun":
         """The worker's copy: the manifest, data root and instance are opened again. A
         worker of a pass after the first (``later_pass``) lowers its priority
         (:func:`megacpp_assets.run_workers.lower_priority`: it starts while this pass's
         snapshot steps run in the calling process) and imports the libraries only those
         passes use (:data:`megacpp_assets.run_workers.LATER_PASS_MODULES`). With ``ahead``
-        (a pass number), it then parses that pass's files ahead until its first unit
+        (a pass number), once the worker has built its state (:meth:`after_init`) it parses
+        that pass's files ahead until its first unit or until ``started`` (a
+        ``multiprocessing`` event the calling process sets when that pass begins) is set
         (:meth:`parse_ahead`)."""
         import logging
 
@@ -85,15 +88,26 @@ class SnapshotRun:
         run = cls(load_manifest(manifest_path), open_root(root_url), DagsterInstance.from_ref(instance_ref), rerun, stages)
         memo.keep_across_steps()  # a worker runs many steps: a revision's chunk step leaves its files' facts for p3/p4
         run.warm()  # a pool started ahead (the next pass's, during the tokenizer) does it while idle
-        if ahead:
-            run.parse_ahead(ahead)
+        run._ahead_pass = (ahead, started)
         return run
 
-    def parse_ahead(self, n: int) -> None:
+    def after_init(self) -> None:
+        """Called by the worker once its state is built and frozen
+        (:func:`megacpp_assets.run_workers._init`): starts :meth:`parse_ahead` when
+        :meth:`in_worker` was given a pass, so nothing the thread makes is frozen with the
+        worker's long-lived state."""
+        n, started = getattr(self, "_ahead_pass", (0, None))
+        if n:
+            self.parse_ahead(n, started)
+
+    def parse_ahead(self, n: int, started=None) -> None:
         """Start parsing and enriching pass ``n``'s files ahead on a thread of this process
         (:func:`megacpp_core.parse_ahead.parse_ahead`: the scrubbed files of its shards, in
-        the order :class:`PassUnits` starts them), when the pass chunks files; it stops at
-        :meth:`before_unit`. Its figures go to ``ahead_figures`` (``{}`` until it ends).
+        the order :class:`PassUnits` starts them), when the pass chunks files and has no
+        early units (its shards are known now); it stops at :meth:`before_unit`, or once
+        ``started`` (an object with ``is_set()``) is set: a worker with no unit yet then
+        leaves the cores to the others. Its figures go to ``ahead_figures`` (``{}`` until it
+        ends) and one line to the worker's output.
         Nothing raised: what it does not make, the chunk stage makes. As the pass's shards
         start in that order, each shard unit drops what was made for the shards before it
         (:meth:`_drop_ahead`): they ran already, here or in another worker; the pass's
@@ -104,23 +118,25 @@ class SnapshotRun:
 
         from megacpp_core import parse_ahead
 
+        self.before_unit()  # a thread of an earlier call ends first
         self.ahead_figures: dict = {}
         if os.environ.get("MEGACPP_PARSE_AHEAD", "1") == "0":  # off: e.g. to keep a worker's memory flat
             return
-        if not 1 <= n <= len(self.passes) or not any(s.name == "chunk" for s in self.passes[n - 1].shard):
+        if (not 1 <= n <= len(self.passes) or not any(s.name == "chunk" for s in self.passes[n - 1].shard)
+                or self.passes[n - 1].early):
             return
-        stop = threading.Event()
+        stop = _Either(threading.Event(), started)
 
         def work() -> None:
             try:
-                shards = _pass_shards(self, n)
+                shards = _pass_shards(self, n) if not stop.is_set() else []
                 self._ahead_order = [Partition(self.manifest.name, src, k).key for src, k in shards]
                 self.ahead_figures = parse_ahead.parse_ahead(self.root, self.manifest.name, shards,
                                                              self.manifest.settings.enrichment, stop)
             except Exception as e:  # noqa: BLE001 — only a head start (the shard plans: the units meet them too)
                 self.ahead_figures = {"ended": f"error: {type(e).__name__}: {e}"}
 
-        self._ahead = (threading.Thread(target=work, name="parse-ahead", daemon=True), stop)
+        self._ahead = (threading.Thread(target=work, name="parse-ahead", daemon=True), stop.mine)
         self._ahead[0].start()
 
     def _drop_ahead(self, key: str | None, keep: bool) -> None:
@@ -144,13 +160,19 @@ class SnapshotRun:
 
     def before_unit(self) -> None:
         """Called by the worker before each unit (:func:`megacpp_assets.run_workers._call`):
-        stops the parse-ahead thread and waits for it (it checks before each file), so
-        the unit runs alone (tree-sitter's parsers are not shared between threads)."""
+        stops the parse-ahead thread and waits for it (it checks before each shard's read
+        and each file; a file's parse and enrichment, and a read, finish first), so the
+        unit runs alone (tree-sitter's parsers are not shared between threads); then prints
+        what it made (:meth:`parse_ahead`)."""
         ahead = getattr(self, "_ahead", None)
         if ahead is not None:
             self._ahead = None
             ahead[1].set()
             ahead[0].join()
+            f = self.ahead_figures
+            print(f"parse ahead: {f.get('files', 0)} files of {f.get('shards', 0)} whole shards in "
+                  f"{f.get('seconds', 0.0):.1f}s ({f.get('ended')}"
+                  + (f"; unreadable: {', '.join(f['unreadable'])}" if f.get("unreadable") else "") + ")", flush=True)
 
     def warm(self) -> None:
         """Do ahead what this process's first run would do on its way to its first step:
@@ -233,7 +255,7 @@ class SnapshotRun:
         _, shard, _ = self.pass_assets(n)
         spart = Partition(self.manifest.name, self.manifest.sources[i - 1].name, k)
         todo = self._out_of_date(spart, shard)
-        self._drop_ahead(spart.key, keep=bool(todo))
+        self._drop_ahead(spart.key, keep=any(s.name == "chunk" and s.asset in todo for s in self.stages))
         if not todo:
             return "current"
         ok = self._materialize(self.shard_job, spart, shard, f"{self._tag(i)}   shard {k} of {count}", todo=todo)
@@ -435,6 +457,17 @@ def _read_bytes(run: SnapshotRun, groups: list[tuple[str, ...]]) -> list[int]:
     return [sum(size[d.path] for d in ds) for ds in reads]
 
 
+class _Either:
+    """A stop flag set when either of two events is: ``mine`` (a ``threading.Event``) or
+    ``other`` (any object with ``is_set()``, or None)."""
+
+    def __init__(self, mine, other=None):
+        self.mine, self.other = mine, other
+
+    def is_set(self) -> bool:
+        return self.mine.is_set() or (self.other is not None and self.other.is_set())
+
+
 def _pass_shards(run: SnapshotRun, n: int) -> list[tuple[str, str]]:
     """``[(source, shard key)]`` of pass ``n`` in the order :meth:`PassUnits.first` starts
     them in a pass without early units (larger first, by :func:`_shard_bytes`; ties by
@@ -523,7 +556,7 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
     nothing into a later pass. After a group fails no further group starts; which
     independent groups had started by then depends on timing (a single run in one
     process finishes them all)."""
-    from .run_workers import WorkerPool
+    from .run_workers import WorkerPool, start_method
 
     if workers > 1 and run.instance.is_ephemeral:
         print("megacpp run: an ephemeral Dagster instance cannot be shared with workers; running with 1",
@@ -554,13 +587,15 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
                 return False
             print(f"pass {n}: revisions and shards on {workers} workers in {time.perf_counter() - t:.1f}s", flush=True)
             if n < len(run.passes):
-                ended, pool = pool, WorkerPool(workers, SnapshotRun.in_worker, args + (True, n + 1))
+                started = multiprocessing.get_context(start_method()).Event()  # the next pass has begun
+                ended, pool = pool, WorkerPool(workers, SnapshotRun.in_worker, args + (True, n + 1, started))
                 ended.release()  # its workers end in the background
                 try:
                     pool.start()
                     if not run.snapshot(n):
                         return False
                 finally:
+                    started.set()
                     ended.__exit__(None, None, None)
                 continue
             plan = run.snapshot_plan(n)

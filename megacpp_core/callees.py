@@ -72,11 +72,14 @@ def callee_spans(tree: tree_sitter.Tree, grammar: str, lang: tree_sitter.Languag
     ``TreeCursor.goto_descendant``); ``lang`` is the language of ``grammar``. In C when
     ``native`` (:func:`megacpp_core.native.tswalk.callees`: ``RuntimeError`` when the
     library is not available), else through a cursor and Python nodes; the same spans
-    either way. ``ValueError`` for an index outside the tree (native)."""
+    either way. ``ValueError`` for an index outside the tree."""
     if native:
         return tswalk.callees(tree, calls, *_table(grammar, lang))
-    c, out = tree.walk(), np.full((2, len(calls)), -1, dtype=np.int64)
-    for k, i in enumerate(np.asarray(calls, dtype=np.int64).tolist()):
+    idx = np.asarray(calls, dtype=np.int64)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= tree.root_node.descendant_count):
+        raise ValueError(f"a call index outside the tree's {tree.root_node.descendant_count} nodes")
+    c, out = tree.walk(), np.full((2, len(idx)), -1, dtype=np.int64)
+    for k, i in enumerate(idx.tolist()):
         c.goto_descendant(i)
         fn = callee_node(c.node)
         if fn is not None:

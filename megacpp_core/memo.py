@@ -28,7 +28,7 @@ chunk stage takes them instead of parsing and enriching the file; it is a
 :class:`ScopedMemo` (the same key, the shard's partition key as scope) and is filled only
 where values are kept across steps.
 
-**Across steps.** Two values of a file are kept longer, in a :class:`ScopedMemo`, by a
+**Across steps.** Two more values of a file are kept longer, in a :class:`ScopedMemo`, by a
 process that runs many steps one after another (``megacpp run``'s workers switch this on
 with :func:`keep_across_steps`; a step run alone, by the Dagster UI's executor or in its
 own pod, never puts anything there). The chunk stage (a revision's shard, step
@@ -172,7 +172,7 @@ def text_key(language: str, text: str) -> tuple[str, bytes]:
 
 class ScopedMemo:
     """``{(language, sha256 of text): value}`` (:func:`text_key`) for several scopes
-    (revisions) at once, kept across steps while :func:`across_steps` holds, at most
+    (revisions, or shards) at once, kept across steps while :func:`across_steps` holds, at most
     ``limit`` in ``size(value)`` units; each value is given once (:meth:`take` removes it).
     A put that would pass the limit drops whole scopes other than its own, oldest first,
     when that makes room; one that cannot fit even then (its own scope holds too much,
@@ -208,6 +208,11 @@ class ScopedMemo:
             self._scope_used[scope] = self._scope_used.get(scope, 0) + n
             self._used += n
             return True
+
+    def holds(self, scope: str, key: tuple[str, bytes]) -> bool:
+        """Whether a value is held for ``key`` under ``scope``."""
+        with self._lock:
+            return key in self._scopes.get(scope, {})
 
     def take(self, scope: str, key: tuple[str, bytes]) -> Any:
         """The value held for ``key`` under ``scope`` (removed), or None."""

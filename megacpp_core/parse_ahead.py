@@ -37,22 +37,26 @@ def parse_ahead(root: DataRoot, snapshot: str, shards: Sequence[tuple[str, str]]
     """Parse (and, with ``enriching``, enrich) the scrubbed files of each ``(source, shard)``
     of ``shards`` of ``snapshot``, in that order, into :data:`megacpp_core.memo.PARSED_AHEAD`
     (scope: the shard's partition key; key: :func:`megacpp_core.memo.text_key`). Returns
-    ``{"files", "shards", "seconds", "ended"}``: files and shards made ahead, wall seconds,
-    and why it ended (``"done"``, ``"stopped"``: ``stop`` was set, checked before each
-    file; ``"full"``: the memo refused a value; ``"off"``: this process keeps nothing across
-    steps; ``"unreadable"``: a shard's scrubbed rows could not be read, a
-    ``OSError``/``ValueError`` of the storage or parquet reader; ``"error"``: a file's
-    parse or enrichment raised, which the chunk stage meets again and reports). Never
-    raises: it only saves later work."""
+    ``{"files", "shards", "seconds", "ended", "unreadable"}``: files made ahead, shards
+    made whole, wall seconds,
+    and why it ended (``"done"``; ``"stopped"``: ``stop`` was set, checked before each
+    shard's read and each file; ``"full"``: the memo refused a value; ``"off"``: this
+    process keeps nothing across steps; ``"error"``: a file's parse or enrichment raised,
+    which the chunk stage meets again and reports), and ``"unreadable"``: the shards whose
+    scrubbed rows could not be read (an ``OSError``/``ValueError`` of the storage or
+    parquet reader; skipped). A text held already under its shard (the same file twice:
+    the rows are not deduplicated yet) is skipped. Never raises: it only saves later work."""
     from . import enrich
 
     t0 = time.perf_counter()
     files = made = 0
-    ended = "done"
+    ended, unreadable = "done", []
     if not memo.across_steps():
-        return {"files": 0, "shards": 0, "seconds": 0.0, "ended": "off"}
+        return {"files": 0, "shards": 0, "seconds": 0.0, "ended": "off", "unreadable": []}
     try:
-        for source, shard in shards:
+        if stop.is_set():  # before any shard (also with none)
+            ended = "stopped"
+        for source, shard in shards if ended == "done" else ():
             if stop.is_set():
                 ended = "stopped"
                 break
@@ -60,23 +64,25 @@ def parse_ahead(root: DataRoot, snapshot: str, shards: Sequence[tuple[str, str]]
             try:
                 t = InputRef(root, catalog.SCRUBBED, part).read(columns=["text", "language"]).to_pydict()
             except (OSError, ValueError):
-                ended = "unreadable"
-                break
+                unreadable.append(part.key)
+                continue
             for text, language in zip(t["text"], t["language"]):
                 if stop.is_set():
                     ended = "stopped"
                     break
-                if not text:
+                key = memo.text_key(language, text) if text else None
+                if key is None or memo.PARSED_AHEAD.holds(part.key, key):
                     continue
                 parsed = chunk.parse_source(text, language)
                 fe = enrich.enrich_file(text, language, parsed) if enriching else None
-                if not memo.PARSED_AHEAD.put(part.key, memo.text_key(language, text), (parsed, fe)):
+                if not memo.PARSED_AHEAD.put(part.key, key, (parsed, fe)):
                     ended = "full"
                     break
                 files += 1
-            made += 1
             if ended != "done":
                 break
+            made += 1
     except Exception:  # noqa: BLE001 — the chunk stage computes the same file and reports its error
         ended = "error"
-    return {"files": files, "shards": made, "seconds": round(time.perf_counter() - t0, 3), "ended": ended}
+    return {"files": files, "shards": made, "seconds": round(time.perf_counter() - t0, 3), "ended": ended,
+            "unreadable": unreadable}

@@ -249,3 +249,44 @@ def test_a_library_without_a_function_falls_back_with_a_warning(monkeypatch):
     w = enrich._Walk(chunk.parse_source(CALLS, "cpp"))  # the Python walk and rule
     assert [name for _, name in w.calls] == CALLED
     monkeypatch.setattr(tswalk, "_checked", False)
+
+
+def _old_callee_name(call) -> str | None:
+    """The callee rule as enrichment wrote it on Python nodes before it moved to
+    ``megacpp_core.callees`` (kept here as an independent reference)."""
+    fn = call.child_by_field_name("function")
+    while fn is not None:
+        t = fn.type
+        if t in ("identifier", "field_identifier"):
+            return fn.text.decode("utf-8", "replace")
+        if t == "field_expression":
+            fn = fn.child_by_field_name("field")
+        elif t in ("qualified_identifier", "template_function", "template_method"):
+            fn = fn.child_by_field_name("name")
+        elif t == "parenthesized_expression":
+            fn = fn.named_children[0] if fn.named_children else None
+        else:
+            return None
+    return None
+
+
+def test_calls_equal_the_reference_rule_on_real_files(tiny_run):
+    """Every call expression of every kept file of the real ``tiny`` sdists, found by a
+    plain cursor walk and named by the reference rule: the walk's calls, native and
+    Python, are exactly those (offset and name, in pre-order)."""
+    root, _ = tiny_run
+    kept = SnapshotLayout(root, "tiny").kept_files(["language", "text"]).to_pydict()
+    total = 0
+    for lang, text in zip(kept["language"], kept["text"]):
+        parsed = chunk.parse_source(text, lang)
+        want, c = [], parsed.tree.walk()
+        for i in range(parsed.tree.root_node.descendant_count):
+            c.goto_descendant(i)
+            node = c.node
+            if node.type == "call_expression" and node.is_named:
+                name = _old_callee_name(node)
+                if name:
+                    want.append((node.start_byte, name))
+        total += len(want)
+        assert enrich._Walk(parsed, native=True).calls == want == enrich._Walk(parsed, native=False).calls
+    assert total > 1000

@@ -99,18 +99,23 @@ def test_parse_ahead_stops_when_asked_when_full_when_off_and_on_a_missing_shard(
         stop = threading.Event()
         stop.set()
         assert parse_ahead.parse_ahead(data, "tiny", shards, True, stop) == {"files": 0, "shards": 0, "seconds": 0.0,
-                                                                               "ended": "stopped"}
+                                                                               "ended": "stopped", "unreadable": []}
         small = memo.ScopedMemo(3_000_000, memo.ahead_bytes, evict=False)
         monkeypatch.setattr(memo, "PARSED_AHEAD", small)
         got = parse_ahead.parse_ahead(data, "tiny", shards, False, threading.Event())  # parses only
         assert got["ended"] == "full" and 0 < got["files"] == len(small) and small._used <= 3_000_000
         assert all(fe is None for scope in small._scopes.values() for (_, fe), _ in scope.values())
         assert small.scopes()[0] == f"tiny/{shards[0][0]}|{shards[0][1]}"  # the first shard to start, first
-        got = parse_ahead.parse_ahead(data, "tiny", [("no-such-source", "000")], True, threading.Event())
-        assert got["ended"] == "unreadable" and got["files"] == 0
+        roomy = memo.ScopedMemo(1 << 30, memo.ahead_bytes, evict=False)
+        monkeypatch.setattr(memo, "PARSED_AHEAD", roomy)
+        got = parse_ahead.parse_ahead(data, "tiny", [("no-such-source", "000"), shards[-1]], False, threading.Event())
+        assert got["ended"] == "done" and got["unreadable"] == ["tiny/no-such-source|000"]  # skipped, not the end
+        assert got["shards"] == 1 and got["files"] == len(roomy) > 0
+        again = parse_ahead.parse_ahead(data, "tiny", [shards[-1]], False, threading.Event())
+        assert again["ended"] == "done" and again["files"] == 0 and len(roomy) == got["files"]  # held: skipped
     finally:
         memo.keep_across_steps(False)
-    assert len(memo.PARSED_AHEAD) == 0
+    assert len(roomy) == 0  # emptied when the process stops keeping values across steps
 
 
 def test_a_worker_stops_parsing_ahead_before_its_first_unit_and_drops_what_started_before(tiny_run, across_steps):
@@ -135,16 +140,30 @@ def test_a_worker_stops_parsing_ahead_before_its_first_unit_and_drops_what_start
     run._drop_ahead(None, keep=False)  # the pass's snapshot steps: nothing is left
     assert len(memo.PARSED_AHEAD) == 0 and run._ahead_order == []
 
-    run.parse_ahead(2)  # again, and stopped at once by the first unit through the worker's call
-    calls = []
-    run.probe = lambda: calls.append((run._ahead, run.ahead_figures))
+    # again, with the thread held inside its first parse: the first unit, through the
+    # worker's call, stops it there; the unit runs once the thread has ended
+    entered, gate, real = threading.Event(), threading.Event(), chunk.parse_source
     monkeypatch = pytest.MonkeyPatch()
+
+    def held(text, language):
+        entered.set()
+        gate.wait(10)
+        return real(text, language)
+
+    monkeypatch.setattr(chunk, "parse_source", held)
     monkeypatch.setattr(run_workers, "_WORKER", run)
+    calls = []
+    run.probe = lambda: calls.append((run._ahead, dict(run.ahead_figures), thread2.is_alive()))
     try:
+        run.parse_ahead(2)
+        thread2 = run._ahead[0]
+        assert entered.wait(10)
+        threading.Timer(0.2, gate.set).start()  # the parse in progress finishes; no further file starts
         run_workers._call("probe")
     finally:
         monkeypatch.undo()
-    assert calls[0][0] is None and calls[0][1]["ended"] in ("stopped", "done")
+    assert calls == [(None, {**calls[0][1], "ended": "stopped"}, False)]
+    assert calls[0][1]["files"] == 1 == len(memo.PARSED_AHEAD)
     run.before_unit()  # nothing running: a no-op
     assert not [t for t in threading.enumerate() if t.name == "parse-ahead"]
 
@@ -155,3 +174,94 @@ def test_no_parse_ahead_for_a_pass_that_chunks_nothing(tiny_run, across_steps):
     for n in (0, 1, 3):
         run.parse_ahead(n)
         assert getattr(run, "_ahead", None) is None and run.ahead_figures == {}
+
+
+def test_parse_ahead_stops_when_the_pass_begins_and_reports_an_error(tiny_run, monkeypatch, across_steps, capsys):
+    """``started`` set (the calling process began the pass): a worker still without a unit
+    makes nothing more; an error making the shard list ends the thread with it in the
+    figures, and the worker's first unit prints the line."""
+    from megacpp_assets import snapshot_run
+
+    root, instance = tiny_run
+    run = _run(root, instance)
+    started = threading.Event()
+    started.set()
+    run.parse_ahead(2, started)
+    run._ahead[0].join()
+    assert run.ahead_figures["ended"] == "stopped" and run.ahead_figures["files"] == 0 and len(memo.PARSED_AHEAD) == 0
+
+    def broken(*a, **k):
+        raise OSError("storage unreachable")
+
+    monkeypatch.setattr(snapshot_run, "_pass_shards", broken)
+    run.parse_ahead(2)
+    run._ahead[0].join()
+    run.before_unit()
+    assert run.ahead_figures == {"ended": "error: OSError: storage unreachable"}
+    assert "parse ahead: 0 files of 0 whole shards in 0.0s (error: OSError: storage unreachable)" in capsys.readouterr().out
+
+
+def test_a_parse_without_its_enrichment_made_ahead_gives_the_same_documents(tiny_tokenizer, across_steps):
+    """Files made ahead by a parse-only worker (settings without enrichment) and taken by an
+    enriching chunk stage: each file is enriched there, and the columns are those of a stage
+    that made everything itself."""
+    from megacpp_core import kept, catalog
+    from megacpp_core.runner import InputRef
+    from megacpp_core.stage import Partition
+    from megacpp_core.stages import chunk as chunk_stage
+
+    lay, tok, sha = tiny_tokenizer
+    root = open_root(str(lay.data_root))
+    manifest = load_manifest(str(lay.root / "manifest.yaml"))
+    part = Partition("tiny", SRC, "000")
+    d = kept.shard_kept(InputRef(root, catalog.SCRUBBED, part), InputRef(root, catalog.DECISIONS, Partition("tiny"))
+                        ).to_pydict()
+    budget = manifest.settings.row_length - 1
+    want, _ = chunk_stage.chunk_rows(d, tok, sha, budget, True)
+    got = parse_ahead.parse_ahead(root, "tiny", [(SRC, "000")], False, threading.Event())
+    assert got["ended"] == "done" and got["files"] > 10
+    cols, tally = chunk_stage.chunk_rows(d, tok, sha, budget, True, ahead=chunk_stage.ahead_taker(part.key))
+    assert tally["files_parsed_ahead"] == got["files"] and tally["enrich_seconds"] > 0
+    assert cols == want
+
+
+class _AheadProbe:
+    """A worker state built by ``SnapshotRun.in_worker`` as ``megacpp run`` builds the
+    second pass's, asked what its parse-ahead did once its first unit stopped it."""
+
+    def __init__(self, *args):
+        from megacpp_assets.snapshot_run import SnapshotRun
+
+        self.run = SnapshotRun.in_worker(*args)
+
+    def after_init(self):
+        self.run.after_init()
+
+    def before_unit(self):
+        self.run.before_unit()
+
+    def ahead(self) -> tuple[dict, int]:
+        return dict(self.run.ahead_figures), len(getattr(self.run, "_ahead_order", []) or [])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_second_pass_worker_parses_ahead_unless_switched_off(tiny_run, monkeypatch, switch):
+    """Through the real fork server and ``WorkerPool``: a worker given ``ahead=2`` starts
+    the thread once built and its first unit stops it (figures and the shard order are
+    there); with ``MEGACPP_PARSE_AHEAD=0`` nothing starts."""
+    from megacpp_assets.run_workers import WorkerPool, start_fork_server
+
+    root, instance = tiny_run
+    monkeypatch.setenv("MEGACPP_PARSE_AHEAD", switch)
+    start_fork_server()
+    args = (str(root / "snapshots" / "tiny" / "manifest.yaml"), open_root(str(root)).url, instance.get_ref(), False, None,
+            True, 2, None)
+    got: list = []
+    with WorkerPool(1, _AheadProbe, args).start() as pool:
+        assert pool.run_units([("ahead", ())], lambda m, a, r: (got.append(r), (True, []))[1])
+    figures, shards = got[0]
+    if switch == "0":
+        assert figures == {} and shards == 0
+    else:
+        assert figures["ended"] in ("stopped", "done") and "files" in figures

@@ -10,8 +10,9 @@ The ``TSTree`` pointer is read from the ``tree_sitter.Tree`` object right after 
 ``PyObject_HEAD`` (``tree_sitter/binding/types.h``). The library is used only when all of
 these hold, else :func:`available` is False and callers keep their Python walk (same
 output): the library exists, it was compiled from the installed py-tree-sitter release
-(it reports the version), ``tree_sitter.Tree`` has exactly that layout's size, and
-``MEGACPP_NATIVE_WALK`` is not ``0``.
+(it reports the version), ``tree_sitter.Tree`` has exactly that layout's size, the library
+exports every function of :data:`_FUNCTIONS` (one built from an older ``tswalk.c`` lacks
+some), and ``MEGACPP_NATIVE_WALK`` is not ``0``.
 """
 
 from __future__ import annotations

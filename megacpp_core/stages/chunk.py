@@ -111,7 +111,8 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
     ``ahead(text, language)``, when given, is a file's ``(parse, enrichment or None)`` made
     ahead of the stage (:func:`ahead_taker`), or None: such a file is not parsed, nor
     enriched when it has its enrichment (the same values: both depend on the text and
-    language alone). ``tally["files_parsed_ahead"]`` counts them.
+    language alone). ``tally["files_parsed_ahead"]`` counts them; ``enrich_seconds``
+    counts only the enrichment done here.
     """
     from .. import enrich, platforms
 
