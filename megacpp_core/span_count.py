@@ -166,7 +166,6 @@ class SpanCounter:
     def __init__(self, tok, text: str, ids: Sequence[int], lengths: np.ndarray, margin: int | None,
                  prefixes: frozenset[str] = frozenset()):
         self.tok, self.text, self.margin, self.lengths, self.prefixes = tok, text, margin, lengths, prefixes
-        self._encode = tk.ids_encoder(tok)  # ids only: no offsets (15 % less per short piece than ``encode``)
         self.n: int | None = len(ids)
         self.whole: Sequence[int] | None = None  # the ids, once their bytes are seen to be the text's
         self.encoded_chars = 0
@@ -198,7 +197,7 @@ class SpanCounter:
 
     def _ids(self, a: int, b: int) -> list[int]:
         self.encoded_chars += b - a
-        return self._encode([self.text[a:b]], add_special_tokens=False)[0].ids
+        return self.tok.encode(self.text[a:b], add_special_tokens=False).ids
 
     def _count(self, a: int, b: int) -> int:
         """``len(encode(text[a:b]))``; short texts (``}\\n``, ``#endif\\n``, ...) are
