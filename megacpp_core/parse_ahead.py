@@ -38,14 +38,14 @@ def parse_ahead(root: DataRoot, snapshot: str, shards: Sequence[tuple[str, str]]
     of ``shards`` of ``snapshot``, in that order, into :data:`megacpp_core.memo.PARSED_AHEAD`
     (scope: the shard's partition key; key: :func:`megacpp_core.memo.text_key`). Returns
     ``{"files", "shards", "seconds", "ended", "unreadable"}``: files made ahead, shards
-    made whole, wall seconds,
-    and why it ended (``"done"``; ``"stopped"``: ``stop`` was set, checked before each
-    shard's read and each file; ``"full"``: the memo refused a value; ``"off"``: this
-    process keeps nothing across steps; ``"error"``: a file's parse or enrichment raised,
-    which the chunk stage meets again and reports), and ``"unreadable"``: the shards whose
-    scrubbed rows could not be read (an ``OSError``/``ValueError`` of the storage or
-    parquet reader; skipped). A text held already under its shard (the same file twice:
-    the rows are not deduplicated yet) is skipped. Never raises: it only saves later work."""
+    made whole, wall seconds, why it ended (``"done"``; ``"stopped"``: ``stop``, any
+    object with ``is_set()``, was set, checked before each shard's read and each file;
+    ``"full"``: the memo refused a value; ``"off"``: this process keeps nothing across
+    steps; ``"error"``: a file's parse or enrichment raised, which the chunk stage meets
+    again and reports), and the shards whose scrubbed rows could not be read (an
+    ``OSError``/``ValueError`` of the storage or parquet reader; skipped). A text held
+    already under its shard (the same file twice: the rows are not deduplicated yet) is
+    skipped. Never raises: it only saves later work."""
     from . import enrich
 
     t0 = time.perf_counter()
