@@ -57,6 +57,12 @@ class SnapshotRun:
         self.latest = LatestMaterializations(instance, kept=True)  # one materialization index per process
         self.step_of = {s.asset: group_step_name(g) for g in step_groups(stages) for s in g}
         self.n_sources = len(manifest.sources)
+        # the parse-ahead of a later pass's worker (:meth:`parse_ahead`): the pass and the event
+        # that says it began, the thread and its stop flag, the shards' order, its figures
+        self._ahead_pass: tuple = (0, None)
+        self._ahead: tuple | None = None
+        self._ahead_order: list[str] = []
+        self.ahead_figures: dict = {}
 
     @classmethod
     def in_worker(cls, manifest_path: str, root_url: str, instance_ref, rerun: bool, stages,
@@ -96,7 +102,7 @@ class SnapshotRun:
         (:func:`megacpp_assets.run_workers._init`): starts :meth:`parse_ahead` when
         :meth:`in_worker` was given a pass, so nothing the thread makes is frozen with the
         worker's long-lived state."""
-        n, started = getattr(self, "_ahead_pass", (0, None))
+        n, started = self._ahead_pass
         if n:
             self.parse_ahead(n, started)
 
@@ -119,7 +125,7 @@ class SnapshotRun:
         from megacpp_core import parse_ahead
 
         self.before_unit()  # a thread of an earlier call ends first
-        self.ahead_figures: dict = {}
+        self.ahead_figures = {}
         if os.environ.get("MEGACPP_PARSE_AHEAD", "1") == "0":  # off: e.g. to keep a worker's memory flat
             return
         if (not 1 <= n <= len(self.passes) or not any(s.name == "chunk" for s in self.passes[n - 1].shard)
@@ -147,7 +153,7 @@ class SnapshotRun:
         from megacpp_core import memo
         from megacpp_core.tables import release_memory
 
-        order = getattr(self, "_ahead_order", None) or []
+        order = self._ahead_order
         if key is None and order:
             memo.PARSED_AHEAD.clear()
             self._ahead_order = []
@@ -164,7 +170,7 @@ class SnapshotRun:
         and each file; a file's parse and enrichment, and a read, finish first), so the
         unit runs alone (tree-sitter's parsers are not shared between threads); then prints
         what it made (:meth:`parse_ahead`)."""
-        ahead = getattr(self, "_ahead", None)
+        ahead = self._ahead
         if ahead is not None:
             self._ahead = None
             ahead[1].set()

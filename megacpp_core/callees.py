@@ -52,7 +52,8 @@ def callee_node(call: tree_sitter.Node) -> tree_sitter.Node | None:
 
 
 def _table(grammar: str, lang: tree_sitter.Language) -> tuple[bytearray, tuple[int, int, int]]:
-    """:data:`CALLEE_STEPS` for ``lang`` (the language of ``grammar``, which keys the cache):
+    """:data:`CALLEE_STEPS` for ``lang`` (the language of ``grammar``, which keys the cache; a
+    tree's own ``Tree.language``):
     a step for every ``kind_id``, named or not, by the type name ``Node.type`` gives it, and
     the field ids of ``function``, ``field`` and ``name`` (0 for one the grammar lacks)."""
     got = _TABLES.get(grammar)
@@ -64,17 +65,16 @@ def _table(grammar: str, lang: tree_sitter.Language) -> tuple[bytearray, tuple[i
     return got
 
 
-def callee_spans(tree: tree_sitter.Tree, grammar: str, lang: tree_sitter.Language, calls: np.ndarray,
-                 native: bool) -> tuple[np.ndarray, np.ndarray]:
+def callee_spans(tree: tree_sitter.Tree, grammar: str, calls: np.ndarray, native: bool) -> tuple[np.ndarray, np.ndarray]:
     """Byte ``(starts, ends)`` (``int64[m]`` each, -1 where a call names nothing) of
     :func:`callee_node` of each ``call_expression`` of ``tree`` at ``calls`` (``int64[m]``,
     the pre-order indices of :func:`megacpp_core.tree_arrays.walk`, those of
-    ``TreeCursor.goto_descendant``); ``lang`` is the language of ``grammar``. In C when
+    ``TreeCursor.goto_descendant``); ``grammar`` names the tree's language (``Tree.language``). In C when
     ``native`` (:func:`megacpp_core.native.tswalk.callees`: ``RuntimeError`` when the
     library is not available), else through a cursor and Python nodes; the same spans
     either way. ``ValueError`` for an index outside the tree."""
     if native:
-        return tswalk.callees(tree, calls, *_table(grammar, lang))
+        return tswalk.callees(tree, calls, *_table(grammar, tree.language))
     idx = np.asarray(calls, dtype=np.int64)
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= tree.root_node.descendant_count):
         raise ValueError(f"a call index outside the tree's {tree.root_node.descendant_count} nodes")

@@ -45,9 +45,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-import tree_sitter
-import tree_sitter_c
-import tree_sitter_cpp
 
 from . import ast_types, callees, chunk, tree_arrays
 from .native import tswalk
@@ -95,18 +92,12 @@ _GROUPS: dict[str, np.ndarray] = {}
 
 
 @functools.lru_cache(maxsize=None)
-def _language(grammar: str) -> tree_sitter.Language:
-    """The tree-sitter language of ``grammar`` (``"c"``; any other value: C++)."""
-    return tree_sitter.Language(tree_sitter_c.language() if grammar == "c" else tree_sitter_cpp.language())
-
-
-@functools.lru_cache(maxsize=None)
 def _kinds(grammar: str) -> tuple[dict[int, str], bytearray]:
     """``(kind_id -> type, recorded)`` over the named node kinds (all alias ids): the
     types of :data:`_RECORDED` and a 65,536-entry flag table of them (2 for the kinds of
     :data:`_WITH_NODE`, 1 for the others: :func:`megacpp_core.tree_arrays.walk`); the role
     of every kind goes to :data:`_ROLES`, the group of every recorded kind to :data:`_GROUPS`."""
-    lang = _language(grammar)
+    lang = ast_types._language(grammar)  # the grammar's kinds, as ast_types reads them
     names, recorded, role, group = {}, bytearray(65536), bytearray(65536), bytearray(65536)
     for i in range(lang.node_kind_count):
         name = lang.node_kind_for_id(i)
@@ -244,7 +235,7 @@ class _Walk:
             self._special(nodes[j], names[kinds[j]], starts[j], ends[j], src, in_class[j])
         calls = np.flatnonzero(group == _CALL)
         if calls.size:
-            cs, ce = callees.callee_spans(parsed.tree, parsed.grammar, _language(parsed.grammar), ids[calls], native)
+            cs, ce = callees.callee_spans(parsed.tree, parsed.grammar, ids[calls], native)
             self.calls = [(starts[j], src[a:b].decode("utf-8", "replace"))
                           for j, a, b in zip(calls.tolist(), cs.tolist(), ce.tolist()) if b > a]
         types = np.flatnonzero(group == _TYPE_USE)

@@ -224,7 +224,7 @@ def test_callee_names_of_each_call_form(native):
 def test_native_callee_spans_refuse_wrong_arguments():
     parsed = chunk.parse_source(CALLS, "cpp")
     w = enrich._Walk(parsed, native=True)
-    step, fields = callees._table("cpp", enrich._language("cpp"))
+    step, fields = callees._table("cpp", parsed.tree.language)
     calls = np.flatnonzero(w.kind_ids == parsed.tree.root_node.child(0).child_by_field_name("body").named_children[0]
                            .named_children[0].kind_id)
     starts, ends = tswalk.callees(parsed.tree, calls, step, fields)
