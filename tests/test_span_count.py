@@ -113,15 +113,19 @@ def test_locality_margin_reads_newlines_of_added_tokens(tok):
         assert span_count.locality_margin(with_added(bad)) is None, bad
 
 
-def test_span_counts_equal_encoding_each_span(tok):
-    margin, lengths, prefixes = span_count.prepare(tok)
-    assert margin is not None
+@pytest.mark.parametrize("soft", [True, False], ids=["hard_and_soft_line_starts", "hard_line_starts"])
+def test_span_counts_equal_encoding_each_span(tok, soft):
+    margin, lengths, prefixes, newline = span_count.prepare(tok)
+    assert margin is not None and newline  # the code tokenizer has the indentation band
     rng = random.Random(0)
     checked = 0
     for name, text in _texts(tok).items():
         ids = tok.encode(text, add_special_tokens=False).ids
-        counter = span_count.SpanCounter(tok, text, ids, lengths, margin, prefixes)
+        counter = span_count.SpanCounter(tok, text, ids, lengths, margin, prefixes, soft)
         assert len(counter.hard) > 1 or name in ("no_newline",), name
+        if soft and name == "indented":  # the \n before every indented line after code is one
+            s = [i for i in range(1, len(text) - 1) if text[i] == "\n" and "!" <= text[i - 1] <= "~" and text[i + 1] in " \t"]
+            assert s and set(s) <= set(counter.hard.tolist())
         for a, b in _spans(text, rng, 150):
             want = tok.encode(text[a:b], add_special_tokens=False).ids
             assert counter(a, b) == len(want), (name, a, b, text[max(0, a - 5):a + 20], text[max(0, b - 20):b + 5])
@@ -131,8 +135,79 @@ def test_span_counts_equal_encoding_each_span(tok):
     assert checked > 1000
 
 
+def _with_added(tok, *added):
+    """``tok`` parsed again with ``added`` (``tokenizers.AddedToken`` s) added."""
+    from tokenizers import Tokenizer
+
+    other = Tokenizer.from_str(tok.to_str())
+    other.encode_special_tokens = tok.encode_special_tokens  # a setting, not in the JSON
+    other.add_tokens(list(added))
+    return other
+
+
+def test_newline_starts_read_the_added_tokens(tok):
+    """Soft line starts need ``"\\n "`` and ``"\\n\\t"`` matched in text, no added token
+    with code right before a ``\\n`` and no ``single_word`` token starting with one; a
+    tokenizer the margin accepts can still refuse them."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer
+
+    assert span_count.newline_starts(tok)
+    for bad in (AddedToken("a\n ", special=False, normalized=False),
+                AddedToken("\n  x", special=False, normalized=False, single_word=True)):
+        other = _with_added(tok, bad)
+        assert span_count.locality_margin(other) is not None and not span_count.newline_starts(other), bad
+    state = json.loads(tok.to_str())
+    state["added_tokens"] = [a for a in state["added_tokens"] if a["content"] != "\n\t"]
+    assert not span_count.newline_starts(Tokenizer.from_str(json.dumps(state)))
+
+
+def test_soft_line_starts_would_miscount_where_refused(tok):
+    """With an added token ``"a\\n "`` (code before a ``\\n``), a ``\\n`` after ``a`` is
+    not where a piece starts: the soft rule forced on gives a wrong count, and the counter
+    as prepared (soft line starts refused) stays exact."""
+    from tokenizers import AddedToken
+
+    other = _with_added(tok, AddedToken("a\n ", special=False, normalized=False))
+    margin, lengths, prefixes, soft = span_count.prepare(other)
+    assert margin is not None and not soft
+    text = "int f(void) {\n  int a\n  = 1; return a\n  ;\n}\n" * 20
+    ids = other.encode(text, add_special_tokens=False).ids
+    exact = span_count.SpanCounter(other, text, ids, lengths, margin, prefixes, soft)
+    forced = span_count.SpanCounter(other, text, ids, lengths, margin, prefixes, True)
+    assert exact.margin is not None and forced.margin is not None  # the ids' bytes are the text's: no fallback
+    assert len(forced.hard) > len(exact.hard)
+    spans = [(a, b) for a in range(0, 60, 3) for b in range(a + 40, len(text), 97)]
+    wrong = 0
+    for a, b in spans:
+        want = len(other.encode(text[a:b], add_special_tokens=False).ids)
+        assert exact(a, b) == want, (a, b)
+        wrong += forced(a, b) != want
+    assert wrong > 0
+
+
+def test_soft_line_starts_encode_less_of_indented_code(tok):
+    """Spans inside a function body (every line indented): hard line starts alone encode
+    them whole; with the soft ones each span's ends are encoded."""
+    margin, lengths, prefixes, _ = span_count.prepare(tok)
+    body = "".join(f"    x{i} = f(x{i - 1}, {i});\n" for i in range(1, 400))
+    text = "int g(int x0) {\n" + body + "    return x0;\n}\n"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    lines = [i + 1 for i, c in enumerate(text) if c == "\n"]
+    spans = list(zip(lines[1:-3:20], lines[21:-3:20]))
+    encoded = {}
+    for soft in (False, True):
+        counter = span_count.SpanCounter(tok, text, ids, lengths, margin, prefixes, soft)
+        for a, b in spans:
+            assert counter(a, b) == len(tok.encode(text[a:b], add_special_tokens=False).ids)
+        encoded[soft] = counter.encoded_chars
+    total = sum(b - a for a, b in spans)
+    assert encoded[False] >= total and encoded[True] < total / 4, (encoded, total)
+
+
 def test_span_counter_encodes_less_than_the_spans(tok):
-    margin, lengths, prefixes = span_count.prepare(tok)
+    margin, lengths, prefixes, _ = span_count.prepare(tok)
     text = "".join(_corpus()[:40])
     counter = span_count.SpanCounter(tok, text, tok.encode(text, add_special_tokens=False).ids, lengths, margin, prefixes)
     lines = [i + 1 for i, c in enumerate(text) if c == "\n"]
@@ -143,7 +218,7 @@ def test_span_counter_encodes_less_than_the_spans(tok):
 
 
 def test_span_counter_falls_back_without_the_locality_rule(tok):
-    _, lengths, prefixes = span_count.prepare(tok)
+    _, lengths, prefixes, _ = span_count.prepare(tok)
     text = "int a;\nint b;\n"
     ids = tok.encode(text, add_special_tokens=False).ids
     for margin, the_ids in ((None, ids), (40, ids[:-1])):  # no rule; ids of another text

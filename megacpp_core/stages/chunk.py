@@ -148,8 +148,8 @@ def chunk_rows(d: dict, tok, tokenizer_sha256: str, budget: int, enriching: bool
             current[:] = [text, n_whole]
             spans = None
             if ids is not None:
-                margin, lengths, prefixes = prepared = prepared or span_count.prepare(tok, tokenizer_sha256)
-                spans = span_count.SpanCounter(tok, text, ids, lengths, margin, prefixes)
+                margin, lengths, prefixes, soft = prepared = prepared or span_count.prepare(tok, tokenizer_sha256)
+                spans = span_count.SpanCounter(tok, text, ids, lengths, margin, prefixes, soft)
             chunks, stats = chunk.split_document_with_stats(text, language, counter, budget, key, parsed, spans)
             tally["parse_errors"] += bool(stats.get("parse_errors"))
             tally["brace_files"] += bool(stats.get("brace_fallback"))
