@@ -13,9 +13,10 @@
    paths; Python 3.11.4 or later), and the binding's ``Tree`` struct is checked to start
    with the ``TSTree`` pointer that :mod:`megacpp_core.native.tswalk` reads.
 3. ``cc`` (``$CC``) compiles the core's single-file build ``lib.c`` with ``tswalk.c``
-   (flags and macros as py-tree-sitter's own ``setup.py``: C11, ``_POSIX_C_SOURCE``,
+   and ``brace.c`` (the brace-balanced splitter's lexer, which needs no tree-sitter);
+   flags and macros as py-tree-sitter's own ``setup.py`` (C11, ``_POSIX_C_SOURCE``,
    ``_DEFAULT_SOURCE``, hidden symbols with ``TREE_SITTER_HIDE_SYMBOLS``; only the
-   ``megacpp_ts_*`` functions are exported) into a temporary file that is then renamed
+   ``megacpp_*`` functions are exported), into a temporary file that is then renamed
    into place.
 
 Nothing from a corpus is compiled or run. Exits non-zero with the reason on any failure;
@@ -99,7 +100,7 @@ def build(src_dir: Path, out: Path = LIBRARY, cc: str | None = None) -> Path:
     cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden", "-D_POSIX_C_SOURCE=200112L",
            "-D_DEFAULT_SOURCE", "-DTREE_SITTER_HIDE_SYMBOLS",
            f'-DMEGACPP_TS_VERSION="{version}"', f"-I{lib / 'include'}", f"-I{lib / 'src'}",
-           str(root / _LIB_C), str(HERE / "tswalk.c"), "-o", str(tmp)]
+           str(root / _LIB_C), str(HERE / "tswalk.c"), str(HERE / "brace.c"), "-o", str(tmp)]
     try:
         subprocess.run(cmd, check=True)
         os.replace(tmp, out)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import tree_sitter
 
-__all__ = ["NodeArrays", "available", "walk", "owners", "callees", "LIBRARY"]
+__all__ = ["NodeArrays", "available", "walk", "owners", "callees", "brace_cuts", "LIBRARY"]
 
 #: The compiled library (``python -m megacpp_core.native.build``).
 LIBRARY = Path(__file__).resolve().with_name("_tswalk.so")
@@ -37,7 +37,7 @@ _TREE_OFFSET = object.__basicsize__
 _TREE_SIZE = _TREE_OFFSET + 3 * ctypes.sizeof(ctypes.c_void_p)
 
 #: The functions the library must export (one built from an older ``tswalk.c`` lacks some).
-_FUNCTIONS = ("megacpp_ts_count", "megacpp_ts_walk", "megacpp_ts_owners", "megacpp_ts_callees")
+_FUNCTIONS = ("megacpp_ts_count", "megacpp_ts_walk", "megacpp_ts_owners", "megacpp_ts_callees", "megacpp_brace_cuts")
 
 _lib: ctypes.CDLL | None = None
 _checked = False
@@ -97,6 +97,8 @@ def _load() -> ctypes.CDLL | None:
     lib.megacpp_ts_owners.argtypes = [ctypes.c_int64, p, p, p, ctypes.c_int64, p, p]
     lib.megacpp_ts_callees.restype = ctypes.c_int64
     lib.megacpp_ts_callees.argtypes = [p, ctypes.c_int64, p, p, *[ctypes.c_int64] * 3, p, p]
+    lib.megacpp_brace_cuts.restype = ctypes.c_int64
+    lib.megacpp_brace_cuts.argtypes = [p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, p, ctypes.c_int64]
     _lib = lib
     return lib
 
@@ -181,3 +183,22 @@ def callees(tree: tree_sitter.Tree, calls: np.ndarray, step: bytearray, fields: 
     if lib.megacpp_ts_callees(ptr, len(idx), idx.ctypes.data, table, *fields, out[0].ctypes.data, out[1].ctypes.data):
         raise ValueError(f"a call index outside the tree's {int(lib.megacpp_ts_count(ptr))} nodes")
     return out[0], out[1]
+
+
+def brace_cuts(codes: np.ndarray, line_start: bool, level: int) -> np.ndarray:
+    """The unit ends of :func:`megacpp_core.brace_split.brace_cuts` over one range of a
+    text, from ``brace.c`` (the same lexer as the Python regex, in C): ``codes`` the range's
+    code points (``uint32[n]``, ``text[lo:hi]`` as UTF-32), ``line_start`` whether a line
+    starts at its first one (``lo`` is 0 or ``text[lo - 1]`` is ``\\n``), ``level`` the
+    brace depth a unit ends at. Returns the cuts as ``int64[k]`` offsets into ``codes``,
+    strictly increasing, inside ``(0, n)``. Raises ``RuntimeError`` when the library is
+    not :func:`available`."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    t = np.ascontiguousarray(codes, dtype=np.uint32)
+    out = np.empty(int(np.count_nonzero(t == 10)) + 1, dtype=np.int64)  # a cut follows a distinct \n
+    got = lib.megacpp_brace_cuts(t.ctypes.data, len(t), int(bool(line_start)), int(level), out.ctypes.data, len(out))
+    if got < 0:  # more cuts than line ends: a broken library
+        raise RuntimeError(f"native brace lexer returned more cuts than the {len(out) - 1} line ends of the text")
+    return out[:got]
