@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 # Without it (no C compiler) the pipeline runs its Python walk, same output; `make test`
 # then fails in tests/test_native_walk.py, which requires it.
 NATIVE := megacpp_core/native/_tswalk.so
-$(NATIVE): $(STAMP) megacpp_core/native/tswalk.c megacpp_core/native/brace.c megacpp_core/native/build.py
+$(NATIVE): $(STAMP) megacpp_core/native/tswalk.c megacpp_core/native/rules.c megacpp_core/native/brace.c megacpp_core/native/build.py
 	$(BIN)/python -m megacpp_core.native.build || \
 	  echo "warning: the native tree walk was not built; enrichment uses its Python walk (same output, slower)" >&2
 

@@ -89,6 +89,38 @@ _ROLES: dict[str, np.ndarray] = {}
 _OWN_RULE, _TYPE_USE, _CALL = 1, 2, 3
 #: Per grammar: ``uint8[65536]`` group of every recorded ``kind_id`` (0: not recorded).
 _GROUPS: dict[str, np.ndarray] = {}
+#: The rule of each kind of :meth:`_Walk._special` as ``native/rules.c`` numbers them.
+_RULE_CODES = {"comment": 1, **dict.fromkeys(_PREAMBLE, 2), "preproc_if": 3, "preproc_ifdef": 3, "preproc_elif": 4,
+               "preproc_else": 4, "preproc_elifdef": 4, "function_definition": 5, "template_declaration": 6,
+               **dict.fromkeys(_CLASSLIKE, 7), "declaration": 8, **dict.fromkeys(_MEMBERS, 9),
+               **dict.fromkeys(_CLASS_ONLY_MEMBERS, 10), "alias_declaration": 11, "type_definition": 12,
+               "namespace_definition": 13}
+assert set(_RULE_CODES) == _RECORDED - {"call_expression", "type_identifier"} and _PREPROC_BLOCKS == {
+    k for k, v in _RULE_CODES.items() if v in (3, 4)}
+#: The kind tests of the rules as ``rules.c`` flags: class-like, function / parenthesized declarator, function definition.
+_KIND_FLAGS = {**dict.fromkeys(_CLASSLIKE, 1), "function_declarator": 2, "parenthesized_declarator": 4,
+               "function_definition": 8}
+#: The categories ``rules.c`` paints, in its slot order.
+_RULE_CATEGORIES = np.array([_S.COMMENT, _S.PREAMBLE, _S.FUNC_SIGNATURE, _S.FUNC_BODY, _S.CLASS_DECL, _S.CLASS_MEMBER,
+                             _S.TYPEDEF, _S.NAMESPACE, _S.OTHER], dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _native_tables(grammar: str) -> tuple[bytearray, bytes, bytes, np.ndarray]:
+    """What :func:`megacpp_core.native.tswalk.rules` needs for ``grammar``: the walk's
+    flag table with no ``Node`` wanted (every recorded kind 1), the rule and kind-flag
+    tables (by ``kind_id``, all alias ids) and the field ids of ``body``, ``declarator``,
+    ``type`` and ``name``."""
+    _, recorded = _kinds(grammar)
+    lang = ast_types._language(grammar)
+    rule, flags = bytearray(65536), bytearray(65536)
+    for i in range(lang.node_kind_count):
+        name = lang.node_kind_for_id(i)
+        flags[i] = _KIND_FLAGS.get(name, 0)
+        if lang.node_kind_is_named(i):
+            rule[i] = _RULE_CODES.get(name, 0)
+    fields = np.array([lang.field_id_for_name(f) or 0 for f in ("body", "declarator", "type", "name")], dtype=np.int64)
+    return bytearray(min(x, 1) for x in recorded), bytes(rule), bytes(flags), fields
 
 
 @functools.lru_cache(maxsize=None)
@@ -203,12 +235,15 @@ class _Walk:
     """One pre-order cursor walk over the tree: node arrays of every node, named or
     anonymous (``starts``/``ends`` in bytes, ``parents``, ``depths`` and ``sibs`` clamped
     at :data:`MAX_DEPTH`, ``kind_ids``), ``has_error`` (an ERROR node occurs), and what the
-    structure, edge and name rules record for their node kinds (``paint`` in pre-order,
-    ``calls``, ``uses``, ``fn_defs``, ``type_defs``).
+    structure, edge and name rules record for their node kinds (``paint``: ``int64[k, 3]``
+    rows ``(start byte, end byte, category)`` in pre-order, ``calls``, ``uses``,
+    ``fn_defs``, ``type_defs``).
 
     The walk is :func:`megacpp_core.tree_arrays.walk` (native when the library is built,
-    ``native`` forces one or the other; the same arrays either way), with Python ``Node``
-    objects only for the recorded kinds whose rule reads fields. The two contexts of the
+    ``native`` forces one or the other; the same arrays either way). The structure rules
+    (:meth:`_special`) run in C on the native walk (``native/rules.c``: the same records,
+    tests/test_native_walk.py), else in Python with ``Node`` objects for the recorded
+    kinds whose rule reads fields. The two contexts of the
     rules come from the arrays (numpy): whether a ``type_identifier`` lies in a
     base-class, member or parameter declaration (the nearest such declaration or
     ``compound_statement`` above it decides) and whether a node sits directly in a class
@@ -217,22 +252,36 @@ class _Walk:
     def __init__(self, parsed: ParsedSource, native: bool | None = None):
         names, recorded = _kinds(parsed.grammar)
         native = tswalk.available() if native is None else native
-        arrays, nodes = tree_arrays.walk(parsed.tree, recorded, native)
+        tables = _native_tables(parsed.grammar) if native else None
+        arrays, nodes = tree_arrays.walk(parsed.tree, tables[0] if native else recorded, native)
         self.starts, self.ends, self.parents, self.kind_ids = arrays.starts, arrays.ends, arrays.parents, arrays.kind_ids
         self.depths, self.sibs, ids = arrays.depths, arrays.sibs, arrays.picked
         starts, ends, kinds = self.starts[ids].tolist(), self.ends[ids].tolist(), self.kind_ids[ids].tolist()
         up = self.parents[ids]
         in_class = ((up >= 0) & (_ROLES[parsed.grammar][self.kind_ids[np.maximum(up, 0)]] == _CLASS_BODY)).tolist()
         self.has_error = bool((self.kind_ids == _ERROR_KIND).any())
-        self.paint: list[tuple[int, int, int]] = []  # (start_byte, end_byte, category) in pre-order
+        paint: list[tuple[int, int, int]] = []  # (start_byte, end_byte, category) in pre-order
+        self.paint = paint
         self.calls: list[tuple[int, str]] = []
         self.uses: list[tuple[int, str]] = []
         self.fn_defs: list[tuple[int, str]] = []
         self.type_defs: list[tuple[int, str]] = []
         src = parsed.src
         group = _GROUPS[parsed.grammar][self.kind_ids[ids]]  # type identifiers and calls: whole arrays
-        for j in np.flatnonzero(group == _OWN_RULE).tolist():
-            self._special(nodes[j], names[kinds[j]], starts[j], ends[j], src, in_class[j])
+        own = np.flatnonzero(group == _OWN_RULE)
+        if native:  # the same rules in C (native/rules.c); names decoded here
+            rows, found = tswalk.rules(parsed.tree, src, ids[own], np.asarray(in_class, dtype=bool)[own], tables[1],
+                                       tables[2], tables[3], _RULE_CATEGORIES)
+            lists = (self.fn_defs, self.type_defs)
+            for k, which, keep, a, b in found.tolist():
+                name = _last_name(src[a:b].decode("utf-8", "replace"))
+                if keep or name:
+                    lists[which].append((starts[int(own[k])], name))
+            self.paint = rows[:, 1:]
+        else:
+            for j in own.tolist():
+                self._special(nodes[j], names[kinds[j]], starts[j], ends[j], src, in_class[j])
+            self.paint = np.asarray(paint, dtype=np.int64).reshape(-1, 3)
         calls = np.flatnonzero(group == _CALL)
         if calls.size:
             cs, ce = callees.callee_spans(parsed.tree, parsed.grammar, ids[calls], native)
@@ -421,8 +470,11 @@ def enrich_file(text: str, language: str, parsed: ParsedSource | None = None) ->
     else:
         char_bytes = np.flatnonzero((np.frombuffer(parsed.src, np.uint8) & 0xC0) != 0x80).astype(np.int64)
     byte_plane = np.zeros(nb, dtype=np.uint8)
-    for sb, eb, v in w.paint:
-        byte_plane[sb:eb] = v
+    if tswalk.available():
+        tswalk.paint(byte_plane, w.paint)
+    else:
+        for sb, eb, v in w.paint.tolist():
+            byte_plane[sb:eb] = v
     structure = byte_plane[char_bytes] if nb else np.zeros(0, np.uint8)
     depth, sib, typ = _ast_planes(parsed, w, char_bytes)
 

@@ -50,7 +50,12 @@ def sibling_index(parents: np.ndarray) -> np.ndarray:
 def nearest_role_is(nodes: np.ndarray, parents: np.ndarray, roles: np.ndarray, yes: int, stop: int) -> np.ndarray:
     """``bool[m]`` for the node indices ``nodes``: is the nearest ancestor whose role
     (``roles``: ``uint8[n]`` per node) is ``yes`` or ``stop`` one of role ``yes`` (False
-    when there is none)? Walks up all of them at once."""
+    when there is none)? In C when the library is available
+    (:func:`megacpp_core.native.tswalk.nearest_role`), else walks up all of them at once."""
+    if tswalk.available():
+        got = tswalk.nearest_role(nodes, parents, roles, yes, stop)
+        if got is not None:
+            return got
     out = np.zeros(len(nodes), dtype=bool)
     cur = parents[nodes]
     act = np.flatnonzero(cur >= 0)

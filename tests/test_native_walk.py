@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from megacpp_core import callees, chunk, enrich
+from megacpp_core import callees, chunk, enrich, tree_arrays
 from megacpp_core.layout import SnapshotLayout
 from megacpp_core.native import build, tswalk
 
@@ -29,6 +29,23 @@ HOSTILE = [
     "void t() { f(1); (g)(2); ((h))(3); ( /*c*/ k)(4); (*fp)(5); a[1](6); m()(7); o.p(8); q->r(9); ns::s(10);\n"
     "  u<int>(11); o.template v<int>(12); ::w(13); x.operator()(14); A::B::y<T>::z(15); f(;\n",
     bytes(range(256)).decode("latin-1") * 40,  # binary-looking text
+    # the structure rules (native/rules.c against enrich._Walk._special): preprocessor blocks whose last line is
+    # or is not #endif (also unterminated, indented, at the file's end without a newline), typedefs with several,
+    # nested, parenthesized or no declarators, anonymous and nameless classes, aliases, members in and outside a
+    # class body, prototypes and function pointers, templates holding several definitions, namespaces whose body is
+    # too short to open, a definition whose declarator is missing
+    "#if A\nint a;\n#else\nint b;\n#endif", "#ifdef B\nint c;\n  #endif // x\n", "#if C\n#elif D\n#endif\n",
+    "#ifndef E\n#define E\n#endif\n#if F", "#endif\n#if G\n",  # a one-line block: the rule reads from offset 0
+    "#if 1\n#endif\n\n#if 2\n  \t#endif",
+    "typedef struct { int y; } A, *PA, (*PF)(int), B[3];\ntypedef int;\ntypedef int (T);\n",
+    "struct { int a; } anon;\nstruct N;\nclass C : public B { using B::f; static_assert(1, \"\"); friend class D;\n"
+    "  int (*fp)(int); int g(int); C(); ~C(); operator int() const; enum { X, Y } e; };\n",
+    "using U = ns::V<int>;\nusing ns::W;\nstatic_assert(sizeof(int) == 4);\nint (f)(int);\nint (*g)(int);\n"
+    "int h(int), k;\nvoid (*sig(int, void (*)(int)))(int);\n",
+    "template <class T> struct Z { template <class U> int m(U u) { return 0; } };\n"
+    "template <> int q<int>(int x) { return x; }\ntemplate <class T> T r(T t);\n",
+    "namespace {}\nnamespace n {\n}\nnamespace o::p { inline namespace v1 { int s; } }\nextern \"C\" { int t(void); }\n",
+    "int (x) { return 1; }\n() { }\nint ns::Klass<T>::method(int) const { return 0; }\n",
 ]
 
 
@@ -38,7 +55,11 @@ def assert_same_walk(parsed: chunk.ParsedSource, label: str) -> None:
         assert getattr(a, name).dtype == getattr(b, name).dtype == np.int64, (label, name)
         assert np.array_equal(getattr(a, name), getattr(b, name)), (label, name)
     for name in RECORDS:
-        assert getattr(a, name) == getattr(b, name), (label, name)
+        if name == "paint":  # int64[k, 3] rows; the native rules' (native/rules.c) against the Python ones
+            assert a.paint.dtype == b.paint.dtype == np.int64 and a.paint.shape[1:] == (3,), label
+            assert np.array_equal(a.paint, b.paint), (label, name)
+        else:
+            assert getattr(a, name) == getattr(b, name), (label, name)
 
 
 def enrich_both(text: str, lang: str, monkeypatch) -> tuple[enrich.FileEnrichment, enrich.FileEnrichment]:
@@ -189,6 +210,28 @@ def test_a_library_that_cannot_be_loaded_falls_back_with_a_warning(tmp_path, mon
     fe = enrich.enrich_file("struct A { int x; };\n", "cpp")  # the Python walk
     assert [u.kind for u in fe.units] == ["CLASS_DECL"]
     monkeypatch.setattr(tswalk, "_checked", False)
+
+
+def test_nearest_role_equals_the_numpy_walk_and_refuses_bad_arrays(monkeypatch):
+    text = "class A : public B<C> { D d; void f(E e) { F f; { G g; } } };\nint h(H h, I (*i)(J)) { K k; }\n"
+    parsed = chunk.parse_source(text, "cpp")
+    w = enrich._Walk(parsed, native=True)
+    roles = enrich._ROLES["cpp"][w.kind_ids]
+    nodes = np.arange(len(w.starts), dtype=np.int64)
+    for yes, stop in ((enrich._TYPE_CONTEXT, enrich._STATEMENTS), (enrich._STATEMENTS, enrich._TYPE_CONTEXT)):
+        with monkeypatch.context() as m:
+            m.setattr(tswalk, "_lib", None)
+            m.setattr(tswalk, "_checked", True)
+            want = tree_arrays.nearest_role_is(nodes, w.parents, roles, yes, stop)  # the numpy walk
+        assert want.any() and not want.all()
+        got = tswalk.nearest_role(nodes, w.parents, roles, yes, stop)
+        assert got is not None and got.dtype == bool and np.array_equal(got, want)
+    parents = w.parents.copy()
+    parents[-1] = len(parents) - 1  # its own parent: refused, not a loop
+    assert tswalk.nearest_role(nodes, parents, roles, 1, 2) is None
+    assert tswalk.nearest_role(np.array([len(nodes)]), w.parents, roles, 1, 2) is None
+    with pytest.raises(ValueError):
+        tswalk.nearest_role(nodes, w.parents, roles[:-1], 1, 2)
 
 
 def test_owners_refuse_inconsistent_node_arrays():

@@ -12,8 +12,9 @@
 2. The archive is unpacked with the ``data`` extraction filter (no links out, no absolute
    paths; Python 3.11.4 or later), and the binding's ``Tree`` struct is checked to start
    with the ``TSTree`` pointer that :mod:`megacpp_core.native.tswalk` reads.
-3. ``cc`` (``$CC``) compiles the core's single-file build ``lib.c`` with ``tswalk.c``
-   and ``brace.c`` (the brace-balanced splitter's lexer, which needs no tree-sitter);
+3. ``cc`` (``$CC``) compiles the core's single-file build ``lib.c`` with ``tswalk.c``,
+   ``rules.c`` (enrichment's structure rules) and ``brace.c`` (the brace-balanced
+   splitter's lexer, which needs no tree-sitter);
    flags and macros as py-tree-sitter's own ``setup.py`` (C11, ``_POSIX_C_SOURCE``,
    ``_DEFAULT_SOURCE``, hidden symbols with ``TREE_SITTER_HIDE_SYMBOLS``; only the
    ``megacpp_*`` functions are exported), into a temporary file that is then renamed
@@ -100,7 +101,8 @@ def build(src_dir: Path, out: Path = LIBRARY, cc: str | None = None) -> Path:
     cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden", "-D_POSIX_C_SOURCE=200112L",
            "-D_DEFAULT_SOURCE", "-DTREE_SITTER_HIDE_SYMBOLS",
            f'-DMEGACPP_TS_VERSION="{version}"', f"-I{lib / 'include'}", f"-I{lib / 'src'}",
-           str(root / _LIB_C), str(HERE / "tswalk.c"), str(HERE / "brace.c"), "-o", str(tmp)]
+           str(root / _LIB_C), str(HERE / "tswalk.c"), str(HERE / "rules.c"), str(HERE / "brace.c"),
+           "-o", str(tmp)]
     try:
         subprocess.run(cmd, check=True)
         os.replace(tmp, out)

@@ -102,6 +102,28 @@ EXPORT int64_t megacpp_ts_owners(int64_t n, const int64_t *starts, const int64_t
     return 0;
 }
 
+/* For each node index nodes[k] (pre-order arrays of megacpp_ts_walk, n nodes), whether the
+ * nearest ancestor whose role (roles[i], per node) is `yes` or `stop` has role `yes`: out[k]
+ * is 1, else 0 (also when there is none). Returns 0, or -1 when an index is outside [0, n)
+ * or a parent is not an earlier node (nothing is valid then). */
+EXPORT int64_t megacpp_ts_nearest_role(int64_t n, const int64_t *parents, const uint8_t *roles, int64_t m,
+                                       const int64_t *nodes, int64_t yes, int64_t stop, uint8_t *out) {
+    for (int64_t k = 0; k < m; k++) {
+        int64_t x = nodes[k];
+        if (x < 0 || x >= n) return -1;
+        out[k] = 0;
+        for (int64_t up = parents[x]; up >= 0; x = up, up = parents[x]) {
+            if (up >= x) return -1; /* every parent precedes its child: no cycle */
+            if (roles[up] == yes) {
+                out[k] = 1;
+                break;
+            }
+            if (roles[up] == stop) break;
+        }
+    }
+    return 0;
+}
+
 /* The callee names of call expressions (the rule of megacpp_core.callees.callee_node). For
  * each node index idx[k] (pre-order indices of megacpp_ts_walk), its `f_function` field
  * child is followed while step[symbol] (65,536 entries) says how: 1, the node is the name:

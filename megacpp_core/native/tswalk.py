@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import tree_sitter
 
-__all__ = ["NodeArrays", "available", "walk", "owners", "callees", "brace_cuts", "LIBRARY"]
+__all__ = ["NodeArrays", "available", "walk", "owners", "nearest_role", "callees", "rules", "paint", "brace_cuts",
+           "LIBRARY"]
 
 #: The compiled library (``python -m megacpp_core.native.build``).
 LIBRARY = Path(__file__).resolve().with_name("_tswalk.so")
@@ -37,7 +38,9 @@ _TREE_OFFSET = object.__basicsize__
 _TREE_SIZE = _TREE_OFFSET + 3 * ctypes.sizeof(ctypes.c_void_p)
 
 #: The functions the library must export (one built from an older ``tswalk.c`` lacks some).
-_FUNCTIONS = ("megacpp_ts_count", "megacpp_ts_walk", "megacpp_ts_owners", "megacpp_ts_callees", "megacpp_brace_cuts")
+_FUNCTIONS = ("megacpp_ts_count", "megacpp_ts_walk", "megacpp_ts_owners", "megacpp_ts_nearest_role", "megacpp_ts_callees",
+              "megacpp_ts_rules",
+              "megacpp_paint", "megacpp_brace_cuts")
 
 _lib: ctypes.CDLL | None = None
 _checked = False
@@ -95,8 +98,15 @@ def _load() -> ctypes.CDLL | None:
     lib.megacpp_ts_walk.argtypes = [p, ctypes.c_int64, p, ctypes.c_int64, p, p, p, p, p, p, p, p]
     lib.megacpp_ts_owners.restype = ctypes.c_int64
     lib.megacpp_ts_owners.argtypes = [ctypes.c_int64, p, p, p, ctypes.c_int64, p, p]
+    lib.megacpp_ts_nearest_role.restype = ctypes.c_int64
+    lib.megacpp_ts_nearest_role.argtypes = [ctypes.c_int64, p, p, ctypes.c_int64, p, ctypes.c_int64, ctypes.c_int64, p]
     lib.megacpp_ts_callees.restype = ctypes.c_int64
     lib.megacpp_ts_callees.argtypes = [p, ctypes.c_int64, p, p, *[ctypes.c_int64] * 3, p, p]
+    lib.megacpp_ts_rules.restype = ctypes.c_int64
+    lib.megacpp_ts_rules.argtypes = [p, p, ctypes.c_int64, ctypes.c_int64, p, p, p, p, p, p, ctypes.c_int64, p, p,
+                                     ctypes.c_int64, p, p]
+    lib.megacpp_paint.restype = None
+    lib.megacpp_paint.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p, p, p]
     lib.megacpp_brace_cuts.restype = ctypes.c_int64
     lib.megacpp_brace_cuts.argtypes = [p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, p, ctypes.c_int64]
     _lib = lib
@@ -156,6 +166,27 @@ def owners(starts: np.ndarray, ends: np.ndarray, parents: np.ndarray, positions:
     return out if ok == 0 else None
 
 
+def nearest_role(nodes: np.ndarray, parents: np.ndarray, roles: np.ndarray, yes: int, stop: int) -> np.ndarray | None:
+    """:func:`megacpp_core.tree_arrays.nearest_role_is` in C: ``bool[m]`` for the node
+    indices ``nodes`` (``int64[m]``) over the parent array ``parents`` (``int64[n]``, -1
+    for the root) and the per-node ``roles`` (``uint8[n]``). None when an index is outside
+    the arrays or a parent does not precede its child. Raises ``RuntimeError`` when the
+    library is not :func:`available`, ``ValueError`` when ``roles`` and ``parents`` differ
+    in length."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    par = np.ascontiguousarray(parents, dtype=np.int64)
+    rol = np.ascontiguousarray(roles, dtype=np.uint8)
+    idx = np.ascontiguousarray(nodes, dtype=np.int64)
+    if len(par) != len(rol):
+        raise ValueError(f"{len(par)} parents and {len(rol)} roles")
+    out = np.empty(len(idx), dtype=np.uint8)
+    ok = lib.megacpp_ts_nearest_role(len(par), par.ctypes.data, rol.ctypes.data, len(idx), idx.ctypes.data, int(yes),
+                                     int(stop), out.ctypes.data)
+    return out.astype(bool) if ok == 0 else None
+
+
 def callees(tree: tree_sitter.Tree, calls: np.ndarray, step: bytearray, fields: tuple[int, int, int]
             ) -> tuple[np.ndarray, np.ndarray]:
     """The byte span of the callee name of each call node ``calls`` (``int64[m]``, pre-order
@@ -183,6 +214,68 @@ def callees(tree: tree_sitter.Tree, calls: np.ndarray, step: bytearray, fields: 
     if lib.megacpp_ts_callees(ptr, len(idx), idx.ctypes.data, table, *fields, out[0].ctypes.data, out[1].ctypes.data):
         raise ValueError(f"a call index outside the tree's {int(lib.megacpp_ts_count(ptr))} nodes")
     return out[0], out[1]
+
+
+def rules(tree: tree_sitter.Tree, src: bytes, nodes: np.ndarray, in_class: np.ndarray, rule: bytes, flags: bytes,
+          fields: np.ndarray, categories: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The structure rules of :class:`megacpp_core.enrich._Walk` for the nodes ``nodes``
+    (``int64[m]``, pre-order indices of :func:`walk` over ``tree``, parsed from ``src``),
+    in C (``rules.c``). ``in_class`` (``bool[m]``): a node's parent is a class body;
+    ``rule``/``flags`` (65,536 bytes each, by ``kind_id``): a node's rule and the kind
+    tests the rules make; ``fields`` (``int64[4]``): the grammar's field ids of ``body``,
+    ``declarator``, ``type`` and ``name`` (0: none); ``categories`` (``int64[9]``): the
+    category values painted. Returns ``(paint, names)``: ``int64[p, 4]`` rows ``(k, start
+    byte, end byte, category)`` and ``int64[q, 5]`` rows ``(k, list, keep_empty, start
+    byte, end byte)`` (list 0: function names, 1: type names; the span of the name's
+    text), in the rules' order. Raises ``RuntimeError`` when the library is not
+    :func:`available`, ``TypeError`` for an object that is not a ``tree_sitter.Tree``,
+    ``ValueError`` for tables of another size or an index outside the tree."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    if type(tree) is not tree_sitter.Tree:
+        raise TypeError(f"expected a tree_sitter.Tree, got {type(tree).__name__}")
+    if len(rule) != 65536 or len(flags) != 65536:
+        raise ValueError(f"the rule and flag tables have {len(rule)} and {len(flags)} entries, not 65,536")
+    idx = np.ascontiguousarray(nodes, dtype=np.int64)
+    cls = np.ascontiguousarray(in_class, dtype=np.uint8)
+    fld = np.ascontiguousarray(fields, dtype=np.int64)
+    cat = np.ascontiguousarray(categories, dtype=np.int64)
+    if len(cls) != len(idx) or len(fld) != 4 or len(cat) != 9:
+        raise ValueError("in_class must match the nodes; fields has 4 entries, categories 9")
+    ptr = ctypes.c_void_p.from_address(id(tree) + _TREE_OFFSET).value
+    tables = [np.frombuffer(t, dtype=np.uint8) for t in (rule, flags)]
+    src_buf = np.frombuffer(src, dtype=np.uint8) if src else np.zeros(1, np.uint8)
+    n_paint, n_names = ctypes.c_int64(0), ctypes.c_int64(0)
+    cap_paint, cap_names = 3 * len(idx) + 1, len(idx) + 16  # at most 3 paints a node; names grow below
+    while True:
+        paint = np.empty((cap_paint, 4), dtype=np.int64)
+        names = np.empty((cap_names, 5), dtype=np.int64)
+        got = lib.megacpp_ts_rules(ptr, src_buf.ctypes.data, len(src), len(idx), idx.ctypes.data, cls.ctypes.data,
+                                   tables[0].ctypes.data, tables[1].ctypes.data, fld.ctypes.data, cat.ctypes.data,
+                                   cap_paint, paint.ctypes.data, ctypes.byref(n_paint), cap_names, names.ctypes.data,
+                                   ctypes.byref(n_names))
+        if got == -1:
+            raise ValueError(f"a node index outside the tree's {int(lib.megacpp_ts_count(ptr))} nodes")
+        if got == 0:
+            return paint[:n_paint.value], names[:n_names.value]
+        cap_names *= 4  # -2: a typedef with many declarators
+
+
+def paint(plane: np.ndarray, intervals: np.ndarray) -> None:
+    """``plane[start:end] = value`` for each row ``(start, end, value)`` of ``intervals``
+    (``int64[k, 3]``), in order, into ``plane`` (``uint8[n]``, C-contiguous, changed in
+    place; bounds clamped to ``[0, n]`` as a slice's). Raises ``RuntimeError`` when the
+    library is not :func:`available`, ``ValueError`` for a plane that is not contiguous
+    uint8 or intervals of another shape."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    if plane.dtype != np.uint8 or not plane.flags.c_contiguous or plane.ndim != 1:
+        raise ValueError("the plane must be a contiguous uint8 vector")
+    rows = np.ascontiguousarray(intervals, dtype=np.int64).reshape(-1, 3)
+    cols = [np.ascontiguousarray(rows[:, i]) for i in range(3)]
+    lib.megacpp_paint(plane.ctypes.data, len(plane), len(rows), *(c.ctypes.data for c in cols))
 
 
 def brace_cuts(codes: np.ndarray, line_start: bool, level: int) -> np.ndarray:
