@@ -218,6 +218,7 @@ class SpanCounter:
         self.hard = np.zeros(0, dtype=np.int64)
         self._reach: dict[int, int] = {}
         self._memo: dict[str, int] = {}
+        self._windows: dict[str, np.ndarray] = {}  # the left windows' ids, by text
         if margin is None or not text:
             return
         src = text.encode("utf-8", "surrogatepass")
@@ -287,8 +288,14 @@ class SpanCounter:
         return int(hard[i]), int(hard[j])
 
     def _left(self, a: int, h1: int) -> np.ndarray:
-        """The ids of ``encode(text[a : reach(h1)])`` that start before ``h1`` (int64)."""
-        win = np.asarray(self._ids(a, min(self.reach(h1), len(self.text))), dtype=np.int64)
+        """The ids of ``encode(text[a : reach(h1)])`` that start before ``h1`` (int64).
+        The window is at most ``margin`` characters past ``h1`` and repeats (``\\nstatic
+        ``, ``\\n/* ``: 427 distinct of 3,940 on ``default``), so its ids are kept by text."""
+        end = min(self.reach(h1), len(self.text))
+        key = self.text[a:end]
+        win = self._windows.get(key)
+        if win is None:
+            win = self._windows[key] = np.asarray(self._ids(a, end), dtype=np.int64)
         w = self.lengths[win]
         return win[:int(np.searchsorted(np.cumsum(w) - w, self._byte(h1) - self._byte(a), side="left"))]
 
