@@ -357,24 +357,21 @@ class _Walk:
 def _ast_planes(parsed: ParsedSource, w: _Walk, char_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-character (depth, sibling index, node-type bucket) of the innermost node.
 
-    The innermost node of each character's first byte: :func:`megacpp_core.tree_arrays.innermost`.
-    Characters outside every node get 0 in all three planes. Each plane is a per-node
-    uint8 table gathered once per character.
+    The innermost node of each character's first byte (:func:`megacpp_core.tree_arrays.innermost_planes`:
+    each plane a per-node uint8 table looked up once per character). Characters outside
+    every node get 0 in all three planes.
     """
     n = len(char_bytes)
     if not len(w.starts) or not n:
         z = np.zeros(n, dtype=np.uint8)
         return z, z.copy(), z.copy()
-    idx = tree_arrays.innermost(w.starts, w.ends, w.parents, char_bytes)
-    idx[idx < 0] = len(w.starts)  # the extra last entry of each table: 0
     table = ast_types.bucket_table(parsed.grammar)
     kid = w.kind_ids
     known = kid < len(table)
-    planes = []
-    for per_node in (np.minimum(w.depths, MAX_DEPTH), np.minimum(w.sibs, MAX_DEPTH),
-                     np.where(known, table[np.where(known, kid, 0)], ast_types.ERROR_BUCKET)):
-        planes.append(np.append(per_node.astype(np.uint8), np.uint8(0))[idx])
-    return planes[0], planes[1], planes[2]
+    per_node = [np.minimum(w.depths, MAX_DEPTH), np.minimum(w.sibs, MAX_DEPTH),
+                np.where(known, table[np.where(known, kid, 0)], ast_types.ERROR_BUCKET)]
+    depth, sib, typ = tree_arrays.innermost_planes(w.starts, w.ends, w.parents, char_bytes, per_node)
+    return depth, sib, typ
 
 
 def _units(parsed: ParsedSource) -> list[tuple[int, int, str, str | None]]:

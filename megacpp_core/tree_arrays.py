@@ -143,3 +143,22 @@ def innermost(starts: np.ndarray, ends: np.ndarray, parents: np.ndarray, positio
         act = act[idx[act] >= 0]
         act = act[ends[idx[act]] <= positions[act]]
     return idx
+
+
+def innermost_planes(starts: np.ndarray, ends: np.ndarray, parents: np.ndarray, positions: np.ndarray,
+                     per_node: list[np.ndarray]) -> list[np.ndarray]:
+    """For each byte offset of ``positions`` (non-decreasing), the value of its
+    :func:`innermost` node in each of ``per_node`` (``uint8[n]`` tables), 0 where no node
+    holds it: one ``uint8[m]`` plane per table. In one native pass when the library is
+    available (:func:`megacpp_core.native.tswalk.owner_planes`: no owner index array), else
+    :func:`innermost` and a gather per table."""
+    tables = np.zeros((len(per_node), len(starts) + 1), dtype=np.uint8)  # the last column: no node
+    for row, values in zip(tables, per_node):
+        row[:-1] = values
+    if tswalk.available():
+        got = tswalk.owner_planes(starts, ends, parents, positions, tables)
+        if got is not None:
+            return list(got)
+    idx = innermost(starts, ends, parents, positions)
+    idx[idx < 0] = len(starts)
+    return [row[idx] for row in tables]

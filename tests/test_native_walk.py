@@ -140,6 +140,12 @@ def test_owners_equal_the_numpy_search_and_refuse_unsorted_input(monkeypatch):
         assert np.array_equal(got, want)
     assert tswalk.owners(w.starts, w.ends, w.parents, positions[::-1].copy()) is None  # positions going back
     assert tswalk.owners(w.starts[::-1].copy(), w.ends, w.parents, positions) is None  # node starts going back
+    tables = np.random.default_rng(0).integers(0, 256, (3, len(w.starts) + 1), dtype=np.uint8)
+    planes = tswalk.owner_planes(w.starts, w.ends, w.parents, positions, tables)  # the same search, looked up
+    assert planes.dtype == np.uint8 and np.array_equal(planes, tables[:, np.where(idx < 0, len(w.starts), idx)])
+    assert tswalk.owner_planes(w.starts, w.ends, w.parents, positions[::-1].copy(), tables) is None
+    with pytest.raises(ValueError):
+        tswalk.owner_planes(w.starts, w.ends, w.parents, positions, tables[:, :-1])
 
 
 def test_walk_refuses_wrong_arguments():

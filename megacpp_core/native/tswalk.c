@@ -74,15 +74,11 @@ done:
     return n;
 }
 
-/* For each byte position pos[k] (non-decreasing), the innermost node holding it: the last
- * node (pre-order arrays of megacpp_ts_walk, n nodes each, starts non-decreasing, every
- * parent before its child) starting at or before it, or the nearest ancestor of that node
- * that ends after it; -1 when none does. Writes out[k]. Returns 0, or -1 when the starts or
- * positions are not non-decreasing or a parent index is not in [-1, i) (nothing is valid
- * then). Linear in n + m: while no new node starts, the next position's answer is an
- * ancestor-or-self of the previous one. */
-EXPORT int64_t megacpp_ts_owners(int64_t n, const int64_t *starts, const int64_t *ends, const int64_t *parents,
-                          int64_t m, const int64_t *pos, int64_t *out) {
+/* The owners search of megacpp_ts_owners; with `tables` (t tables of n + 1 uint8 each,
+ * entry n for "no node") it writes planes[u * m + k] = tables[u * (n + 1) + owner] instead
+ * of out[k]. */
+static int64_t owners_core(int64_t n, const int64_t *starts, const int64_t *ends, const int64_t *parents, int64_t m,
+                           const int64_t *pos, int64_t *out, int64_t t, const uint8_t *tables, uint8_t *planes) {
     for (int64_t i = 0; i < n; i++)
         if ((i > 0 && starts[i] < starts[i - 1]) || parents[i] < -1 || parents[i] >= i) return -1;
     int64_t j = -1, cur = -1, last = INT64_MIN;
@@ -97,9 +93,36 @@ EXPORT int64_t megacpp_ts_owners(int64_t n, const int64_t *starts, const int64_t
         }
         int64_t x = moved ? j : cur;
         while (x >= 0 && ends[x] <= b) x = parents[x];
-        out[k] = cur = x;
+        cur = x;
+        if (tables == 0) {
+            out[k] = x;
+        } else {
+            int64_t row = x < 0 ? n : x;
+            for (int64_t u = 0; u < t; u++) planes[u * m + k] = tables[u * (n + 1) + row];
+        }
     }
     return 0;
+}
+
+/* For each byte position pos[k] (non-decreasing), the innermost node holding it: the last
+ * node (pre-order arrays of megacpp_ts_walk, n nodes each, starts non-decreasing, every
+ * parent before its child) starting at or before it, or the nearest ancestor of that node
+ * that ends after it; -1 when none does. Writes out[k]. Returns 0, or -1 when the starts or
+ * positions are not non-decreasing or a parent index is not in [-1, i) (nothing is valid
+ * then). Linear in n + m: while no new node starts, the next position's answer is an
+ * ancestor-or-self of the previous one. */
+EXPORT int64_t megacpp_ts_owners(int64_t n, const int64_t *starts, const int64_t *ends, const int64_t *parents,
+                          int64_t m, const int64_t *pos, int64_t *out) {
+    return owners_core(n, starts, ends, parents, m, pos, out, 0, 0, 0);
+}
+
+/* megacpp_ts_owners' search, each position's owner looked up at once in t per-node tables
+ * (`tables`: t rows of n + 1 uint8, the last entry of each for a position no node holds):
+ * planes[u * m + k] for table u and position k. Same return values. */
+EXPORT int64_t megacpp_ts_owner_planes(int64_t n, const int64_t *starts, const int64_t *ends, const int64_t *parents,
+                                       int64_t m, const int64_t *pos, int64_t t, const uint8_t *tables,
+                                       uint8_t *planes) {
+    return owners_core(n, starts, ends, parents, m, pos, 0, t, tables, planes);
 }
 
 /* For each node index nodes[k] (pre-order arrays of megacpp_ts_walk, n nodes), whether the

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import tree_sitter
 
-__all__ = ["NodeArrays", "available", "walk", "owners", "nearest_role", "callees", "rules", "paint", "brace_cuts",
+__all__ = ["NodeArrays", "available", "walk", "owners", "owner_planes", "nearest_role", "callees", "rules", "paint", "brace_cuts",
            "LIBRARY"]
 
 #: The compiled library (``python -m megacpp_core.native.build``).
@@ -38,7 +38,8 @@ _TREE_OFFSET = object.__basicsize__
 _TREE_SIZE = _TREE_OFFSET + 3 * ctypes.sizeof(ctypes.c_void_p)
 
 #: The functions the library must export (one built from an older ``tswalk.c`` lacks some).
-_FUNCTIONS = ("megacpp_ts_count", "megacpp_ts_walk", "megacpp_ts_owners", "megacpp_ts_nearest_role", "megacpp_ts_callees",
+_FUNCTIONS = ("megacpp_ts_count", "megacpp_ts_walk", "megacpp_ts_owners", "megacpp_ts_owner_planes",
+              "megacpp_ts_nearest_role", "megacpp_ts_callees",
               "megacpp_ts_rules",
               "megacpp_paint", "megacpp_brace_cuts")
 
@@ -98,6 +99,8 @@ def _load() -> ctypes.CDLL | None:
     lib.megacpp_ts_walk.argtypes = [p, ctypes.c_int64, p, ctypes.c_int64, p, p, p, p, p, p, p, p]
     lib.megacpp_ts_owners.restype = ctypes.c_int64
     lib.megacpp_ts_owners.argtypes = [ctypes.c_int64, p, p, p, ctypes.c_int64, p, p]
+    lib.megacpp_ts_owner_planes.restype = ctypes.c_int64
+    lib.megacpp_ts_owner_planes.argtypes = [ctypes.c_int64, p, p, p, ctypes.c_int64, p, ctypes.c_int64, p, p]
     lib.megacpp_ts_nearest_role.restype = ctypes.c_int64
     lib.megacpp_ts_nearest_role.argtypes = [ctypes.c_int64, p, p, ctypes.c_int64, p, ctypes.c_int64, ctypes.c_int64, p]
     lib.megacpp_ts_callees.restype = ctypes.c_int64
@@ -163,6 +166,28 @@ def owners(starts: np.ndarray, ends: np.ndarray, parents: np.ndarray, positions:
     out = np.empty(len(arrays[3]), dtype=np.int64)
     ok = lib.megacpp_ts_owners(len(arrays[0]), arrays[0].ctypes.data, arrays[1].ctypes.data, arrays[2].ctypes.data,
                                len(arrays[3]), arrays[3].ctypes.data, out.ctypes.data)
+    return out if ok == 0 else None
+
+
+def owner_planes(starts: np.ndarray, ends: np.ndarray, parents: np.ndarray, positions: np.ndarray,
+                 tables: np.ndarray) -> np.ndarray | None:
+    """``tables[:, owners(...)]`` without the owner indices: for each position of
+    :func:`owners`' search, the entry of its innermost node in every row of ``tables``
+    (``uint8[t, n + 1]``, the last column for a position no node holds), as
+    ``uint8[t, m]``. None when :func:`owners` gives None. Raises ``RuntimeError`` when the
+    library is not :func:`available`, ``ValueError`` for arrays of other lengths."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (starts, ends, parents, positions)]
+    tab = np.ascontiguousarray(tables, dtype=np.uint8)
+    n = len(arrays[0])
+    if not n == len(arrays[1]) == len(arrays[2]) or tab.ndim != 2 or tab.shape[1] != n + 1:
+        raise ValueError(f"node arrays of {n}, {len(arrays[1])} and {len(arrays[2])} entries, tables {tab.shape}")
+    out = np.empty((tab.shape[0], len(arrays[3])), dtype=np.uint8)
+    ok = lib.megacpp_ts_owner_planes(n, arrays[0].ctypes.data, arrays[1].ctypes.data, arrays[2].ctypes.data,
+                                     len(arrays[3]), arrays[3].ctypes.data, tab.shape[0], tab.ctypes.data,
+                                     out.ctypes.data)
     return out if ok == 0 else None
 
 
