@@ -9,6 +9,8 @@ the blocking ``each_drop_names_kept_twin`` check of the ``dedup_decisions`` asse
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pandera.pandas as pa
 import pyarrow as pa_arrow
@@ -97,13 +99,24 @@ def validate_decisions(decisions: pa_arrow.Table, clusters: pa_arrow.Table) -> t
 # of the drops' keys (16 bytes per drop).
 
 
-def _hashes(col) -> np.ndarray:
-    """``uint64[n]``: polars' 64-bit hash of each string of ``col`` (arrow), seed 0; nulls
-    hash like polars' null. Used only to compare two tables read in one process."""
-    import polars as pl
+#: The 64-bit value :func:`_hashes` gives a null (BLAKE2b of nothing, personalized).
+_NULL_HASH = int.from_bytes(hashlib.blake2b(b"", digest_size=8, person=b"null").digest(), "little")
 
-    return pl.Series(values=pa_arrow.chunked_array([col]) if isinstance(col, pa_arrow.Array) else col).hash(seed=0) \
-        .to_numpy().astype(np.uint64)
+
+def _hashes(col) -> np.ndarray:
+    """``uint64[n]``: the 64-bit BLAKE2b digest (``hashlib``, ``digest_size=8``, read
+    little-endian) of each string of ``col`` (arrow) as UTF-8; a null gets
+    :data:`_NULL_HASH`. Used to compare the key sets of tables read in one process (16
+    bytes per drop), so any fixed 64-bit hash serves; a cryptographic one has no
+    structured collisions. About 0.6 µs a key in one Python step each: 0.5 ms on
+    ``default``'s 762 keys. polars' vectorized hash, used before, is 0.15 µs a key, but
+    importing polars took 0.11–0.14 s of the dedup gate in every process that ran it
+    (``megacpp run``'s calling process, on the path to the tokenizer)."""
+    values = (col.combine_chunks() if isinstance(col, pa_arrow.ChunkedArray) else col).to_pylist()
+    digest = hashlib.blake2b
+    return np.fromiter((_NULL_HASH if v is None else int.from_bytes(
+        digest(v.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") for v in values),
+        dtype=np.uint64, count=len(values))
 
 
 #: Rows validated at a time (whole row groups gathered up to about this many): pandera's
