@@ -256,12 +256,10 @@ class _Walk:
         arrays, nodes = tree_arrays.walk(parsed.tree, tables[0] if native else recorded, native)
         self.starts, self.ends, self.parents, self.kind_ids = arrays.starts, arrays.ends, arrays.parents, arrays.kind_ids
         self.depths, self.sibs, ids = arrays.depths, arrays.sibs, arrays.picked
-        starts, ends, kinds = self.starts[ids].tolist(), self.ends[ids].tolist(), self.kind_ids[ids].tolist()
+        starts, ends = self.starts[ids].tolist(), self.ends[ids].tolist()
         up = self.parents[ids]
-        in_class = ((up >= 0) & (_ROLES[parsed.grammar][self.kind_ids[np.maximum(up, 0)]] == _CLASS_BODY)).tolist()
+        in_class = (up >= 0) & (_ROLES[parsed.grammar][self.kind_ids[np.maximum(up, 0)]] == _CLASS_BODY)
         self.has_error = bool((self.kind_ids == _ERROR_KIND).any())
-        paint: list[tuple[int, int, int]] = []  # (start_byte, end_byte, category) in pre-order
-        self.paint = paint
         self.calls: list[tuple[int, str]] = []
         self.uses: list[tuple[int, str]] = []
         self.fn_defs: list[tuple[int, str]] = []
@@ -270,8 +268,8 @@ class _Walk:
         group = _GROUPS[parsed.grammar][self.kind_ids[ids]]  # type identifiers and calls: whole arrays
         own = np.flatnonzero(group == _OWN_RULE)
         if native:  # the same rules in C (native/rules.c); names decoded here
-            rows, found = tswalk.rules(parsed.tree, src, ids[own], np.asarray(in_class, dtype=bool)[own], tables[1],
-                                       tables[2], tables[3], _RULE_CATEGORIES)
+            rows, found = tswalk.rules(parsed.tree, src, ids[own], in_class[own], tables[1], tables[2], tables[3],
+                                       _RULE_CATEGORIES)
             lists = (self.fn_defs, self.type_defs)
             for k, which, keep, a, b in found.tolist():
                 name = _last_name(src[a:b].decode("utf-8", "replace"))
@@ -279,9 +277,11 @@ class _Walk:
                     lists[which].append((starts[int(own[k])], name))
             self.paint = rows[:, 1:]
         else:
+            self.paint = []  # _special appends (start_byte, end_byte, category) in pre-order
+            kinds, in_class = self.kind_ids[ids].tolist(), in_class.tolist()
             for j in own.tolist():
                 self._special(nodes[j], names[kinds[j]], starts[j], ends[j], src, in_class[j])
-            self.paint = np.asarray(paint, dtype=np.int64).reshape(-1, 3)
+            self.paint = np.asarray(self.paint, dtype=np.int64).reshape(-1, 3)
         calls = np.flatnonzero(group == _CALL)
         if calls.size:
             cs, ce = callees.callee_spans(parsed.tree, parsed.grammar, ids[calls], native)

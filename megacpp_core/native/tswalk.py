@@ -39,9 +39,7 @@ _TREE_SIZE = _TREE_OFFSET + 3 * ctypes.sizeof(ctypes.c_void_p)
 
 #: The functions the library must export (one built from an older ``tswalk.c`` lacks some).
 _FUNCTIONS = ("megacpp_ts_count", "megacpp_ts_walk", "megacpp_ts_owners", "megacpp_ts_owner_planes",
-              "megacpp_ts_nearest_role", "megacpp_ts_callees",
-              "megacpp_ts_rules",
-              "megacpp_paint", "megacpp_brace_cuts")
+              "megacpp_ts_nearest_role", "megacpp_ts_callees", "megacpp_ts_rules", "megacpp_paint", "megacpp_brace_cuts")
 
 _lib: ctypes.CDLL | None = None
 _checked = False
@@ -121,6 +119,23 @@ def available() -> bool:
     return _load() is not None
 
 
+def _require() -> ctypes.CDLL:
+    """The library; ``RuntimeError`` when it is not :func:`available`."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the native tree walk is not available ({LIBRARY}); build it: "
+                           "python -m megacpp_core.native.build")
+    return lib
+
+
+def _tree_pointer(tree: tree_sitter.Tree) -> int:
+    """The ``TSTree *`` of ``tree`` (see the module docstring); ``TypeError`` for an object
+    that is not a ``tree_sitter.Tree``."""
+    if type(tree) is not tree_sitter.Tree:
+        raise TypeError(f"expected a tree_sitter.Tree, got {type(tree).__name__}")
+    return ctypes.c_void_p.from_address(id(tree) + _TREE_OFFSET).value
+
+
 def walk(tree: tree_sitter.Tree, flagged: bytearray, clamp: int) -> NodeArrays:
     """:class:`NodeArrays` of ``tree``; ``flagged``: 65,536 bytes, non-zero for the
     ``kind_id`` values whose nodes go to ``picked``; ``clamp``: the cap of depths and
@@ -129,15 +144,10 @@ def walk(tree: tree_sitter.Tree, flagged: bytearray, clamp: int) -> NodeArrays:
     Raises ``RuntimeError`` when the library is not :func:`available`, ``TypeError`` for
     an object that is not a ``tree_sitter.Tree``, ``ValueError`` for a flag table of
     another size."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the native tree walk is not available ({LIBRARY}); build it: "
-                           "python -m megacpp_core.native.build")
-    if type(tree) is not tree_sitter.Tree:
-        raise TypeError(f"expected a tree_sitter.Tree, got {type(tree).__name__}")
+    lib = _require()
+    ptr = _tree_pointer(tree)
     if len(flagged) != 65536:
         raise ValueError(f"the kind flag table has {len(flagged)} entries, not 65,536")
-    ptr = ctypes.c_void_p.from_address(id(tree) + _TREE_OFFSET).value
     n = int(lib.megacpp_ts_count(ptr))
     out = np.empty((7, n), dtype=np.int64)
     npicked = ctypes.c_int64(0)
@@ -157,9 +167,7 @@ def owners(starts: np.ndarray, ends: np.ndarray, parents: np.ndarray, positions:
     None when the node starts or the positions are not non-decreasing, or a node's parent
     is not an earlier node (-1 for none). Raises ``RuntimeError`` when the library is not
     :func:`available`, ``ValueError`` when the three node arrays differ in length."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    lib = _require()
     arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (starts, ends, parents, positions)]
     if not len(arrays[0]) == len(arrays[1]) == len(arrays[2]):
         raise ValueError(f"node arrays of {len(arrays[0])}, {len(arrays[1])} and {len(arrays[2])} entries")
@@ -176,9 +184,7 @@ def owner_planes(starts: np.ndarray, ends: np.ndarray, parents: np.ndarray, posi
     (``uint8[t, n + 1]``, the last column for a position no node holds), as
     ``uint8[t, m]``. None when :func:`owners` gives None. Raises ``RuntimeError`` when the
     library is not :func:`available`, ``ValueError`` for arrays of other lengths."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    lib = _require()
     arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (starts, ends, parents, positions)]
     tab = np.ascontiguousarray(tables, dtype=np.uint8)
     n = len(arrays[0])
@@ -198,9 +204,7 @@ def nearest_role(nodes: np.ndarray, parents: np.ndarray, roles: np.ndarray, yes:
     the arrays or a parent does not precede its child. Raises ``RuntimeError`` when the
     library is not :func:`available`, ``ValueError`` when ``roles`` and ``parents`` differ
     in length."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    lib = _require()
     par = np.ascontiguousarray(parents, dtype=np.int64)
     rol = np.ascontiguousarray(roles, dtype=np.uint8)
     idx = np.ascontiguousarray(nodes, dtype=np.int64)
@@ -225,16 +229,12 @@ def callees(tree: tree_sitter.Tree, calls: np.ndarray, step: bytearray, fields: 
     Raises ``RuntimeError`` when the library is not :func:`available`, ``TypeError`` for an
     object that is not a ``tree_sitter.Tree``, ``ValueError`` for a step table of another
     size or an index outside the tree."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
-    if type(tree) is not tree_sitter.Tree:
-        raise TypeError(f"expected a tree_sitter.Tree, got {type(tree).__name__}")
+    lib = _require()
+    ptr = _tree_pointer(tree)
     if len(step) != 65536:
         raise ValueError(f"the step table has {len(step)} entries, not 65,536")
     idx = np.ascontiguousarray(calls, dtype=np.int64)
     out = np.empty((2, len(idx)), dtype=np.int64)
-    ptr = ctypes.c_void_p.from_address(id(tree) + _TREE_OFFSET).value
     table = (ctypes.c_uint8 * 65536).from_buffer(step)
     if lib.megacpp_ts_callees(ptr, len(idx), idx.ctypes.data, table, *fields, out[0].ctypes.data, out[1].ctypes.data):
         raise ValueError(f"a call index outside the tree's {int(lib.megacpp_ts_count(ptr))} nodes")
@@ -255,11 +255,8 @@ def rules(tree: tree_sitter.Tree, src: bytes, nodes: np.ndarray, in_class: np.nd
     text), in the rules' order. Raises ``RuntimeError`` when the library is not
     :func:`available`, ``TypeError`` for an object that is not a ``tree_sitter.Tree``,
     ``ValueError`` for tables of another size or an index outside the tree."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
-    if type(tree) is not tree_sitter.Tree:
-        raise TypeError(f"expected a tree_sitter.Tree, got {type(tree).__name__}")
+    lib = _require()
+    ptr = _tree_pointer(tree)
     if len(rule) != 65536 or len(flags) != 65536:
         raise ValueError(f"the rule and flag tables have {len(rule)} and {len(flags)} entries, not 65,536")
     idx = np.ascontiguousarray(nodes, dtype=np.int64)
@@ -268,7 +265,6 @@ def rules(tree: tree_sitter.Tree, src: bytes, nodes: np.ndarray, in_class: np.nd
     cat = np.ascontiguousarray(categories, dtype=np.int64)
     if len(cls) != len(idx) or len(fld) != 4 or len(cat) != 9:
         raise ValueError("in_class must match the nodes; fields has 4 entries, categories 9")
-    ptr = ctypes.c_void_p.from_address(id(tree) + _TREE_OFFSET).value
     tables = [np.frombuffer(t, dtype=np.uint8) for t in (rule, flags)]
     src_buf = np.frombuffer(src, dtype=np.uint8) if src else np.zeros(1, np.uint8)
     n_paint, n_names = ctypes.c_int64(0), ctypes.c_int64(0)
@@ -293,9 +289,7 @@ def paint(plane: np.ndarray, intervals: np.ndarray) -> None:
     place; bounds clamped to ``[0, n]`` as a slice's). Raises ``RuntimeError`` when the
     library is not :func:`available`, ``ValueError`` for a plane that is not contiguous
     uint8 or intervals of another shape."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    lib = _require()
     if plane.dtype != np.uint8 or not plane.flags.c_contiguous or plane.ndim != 1:
         raise ValueError("the plane must be a contiguous uint8 vector")
     rows = np.ascontiguousarray(intervals, dtype=np.int64).reshape(-1, 3)
@@ -311,9 +305,7 @@ def brace_cuts(codes: np.ndarray, line_start: bool, level: int) -> np.ndarray:
     brace depth a unit ends at. Returns the cuts as ``int64[k]`` offsets into ``codes``,
     strictly increasing, inside ``(0, n)``. Raises ``RuntimeError`` when the library is
     not :func:`available`."""
-    lib = _load()
-    if lib is None:
-        raise RuntimeError(f"the native tree walk is not available ({LIBRARY})")
+    lib = _require()
     t = np.ascontiguousarray(codes, dtype=np.uint32)
     out = np.empty(int(np.count_nonzero(t == 10)) + 1, dtype=np.int64)  # a cut follows a distinct \n
     got = lib.megacpp_brace_cuts(t.ctypes.data, len(t), int(bool(line_start)), int(level), out.ctypes.data, len(out))
