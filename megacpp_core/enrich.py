@@ -565,25 +565,28 @@ def document_enrichment(fe: FileEnrichment, start: int, end: int,
         sets = {kind: {(index_of[a], index_of[b]) for a, b in unit_edges.get(kind, ())
                        if a in index_of and b in index_of and a != b} for kind in ("call", "type")}
         return _finish(fe, start, end, chunks, sets["call"], sets["type"])
-    inside = lambda p: start <= p < end  # noqa: E731
+    # a unit's items lie in the unit (the units tile the file): only a unit the document
+    # cuts (its first or last) has items outside it
+    names = [(u.defines, u.types, u.calls, u.uses) if start <= u.start and u.end <= end else
+             tuple([x for x in items if start <= x[0] < end] for items in (u.defines, u.types, u.calls, u.uses))
+             for u in picked]
     fn_at: dict[str, list[int]] = {}
     ty_at: dict[str, list[int]] = {}
-    for i, u in enumerate(picked):
-        for p, name in u.defines:
-            if inside(p):
-                fn_at.setdefault(name, []).append(i)
-        for p, name in u.types:
-            if inside(p):
-                ty_at.setdefault(name, []).append(i)
+    for i, (defines, typedefs, _, _) in enumerate(names):
+        for _, name in defines:
+            fn_at.setdefault(name, []).append(i)
+        for _, name in typedefs:
+            ty_at.setdefault(name, []).append(i)
     calls: set[tuple[int, int]] = set()
     types: set[tuple[int, int]] = set()
-    for i, u in enumerate(picked):
-        for p, name in u.calls:
-            if inside(p):
-                calls.update((i, j) for j in fn_at.get(name, ()) if j != i)
-        for p, name in u.uses:
-            if inside(p):
-                types.update((i, j) for j in ty_at.get(name, ()) if j != i)
+    for (at, out, k) in ((fn_at, calls, 2), (ty_at, types, 3)):
+        if not at:
+            continue
+        for i, items in enumerate(names):
+            for _, name in items[k]:
+                js = at.get(name)
+                if js is not None:
+                    out.update((i, j) for j in js if j != i)
     return _finish(fe, start, end, chunks, calls, types)
 
 

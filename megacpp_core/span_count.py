@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_left
 from typing import Sequence
 
 import numpy as np
@@ -219,6 +220,10 @@ class SpanCounter:
         self._reach: dict[int, int] = {}
         self._memo: dict[str, int] = {}
         self._windows: dict[str, np.ndarray] = {}  # the left windows' ids, by text
+        self._lefts: dict[tuple[str, int], np.ndarray] = {}  # their tokens before h1, by (text, h1 - a)
+        self._hard: list[int] = []  # hard as a list: spans are searched one offset at a time (bisect, no numpy call)
+        self._starts: list[int] | None = None  # token_starts as a list, made at the first split span
+        self._c2b: list[int] | None = None
         if margin is None or not text:
             return
         src = text.encode("utf-8", "surrogatepass")
@@ -241,9 +246,14 @@ class SpanCounter:
             line[:-1] |= newline[1:-1] & printable[:-2] & ((codes[2:] == 32) | (codes[2:] == 9))
         self.hard = np.concatenate([[0], np.flatnonzero(line) + 1]).astype(np.int64)
         self.token_starts = starts
+        self._hard = self.hard.tolist()
 
     def _byte(self, pos: int) -> int:
-        return pos if self.c2b is None else int(self.c2b[pos])
+        if self.c2b is None:
+            return pos
+        if self._c2b is None:
+            self._c2b = self.c2b.tolist()
+        return self._c2b[pos]
 
     def _ids(self, a: int, b: int) -> list[int]:
         self.encoded_chars += b - a
@@ -275,34 +285,41 @@ class SpanCounter:
     def _split(self, a: int, b: int) -> tuple[int, int] | None:
         """``(h1, hl)`` of the module docstring for the span ``[a, b)``, or None when the
         span must be encoded whole (no such pair, no locality rule)."""
-        hard = self.hard
-        if self.margin is None or not len(hard):
+        hard = self._hard
+        if self.margin is None or not hard:
             return None
-        i = int(np.searchsorted(hard, a, side="left"))
-        j = int(np.searchsorted(hard, b, side="left")) - 1  # the last hard line start < b
+        i = bisect_left(hard, a)
+        j = bisect_left(hard, b) - 1  # the last hard line start < b
         if b < len(self.text):
-            while j >= i and self.reach(int(hard[j])) > b:
+            while j >= i and self.reach(hard[j]) > b:
                 j -= 1
         if i >= len(hard) or j < i:
             return None
-        return int(hard[i]), int(hard[j])
+        return hard[i], hard[j]
 
     def _left(self, a: int, h1: int) -> np.ndarray:
         """The ids of ``encode(text[a : reach(h1)])`` that start before ``h1`` (int64).
         The window is at most ``margin`` characters past ``h1`` and repeats (``\\nstatic
-        ``, ``\\n/* ``: 427 distinct of 3,940 on ``default``), so its ids are kept by text."""
+        ``, ``\\n/* ``: 427 distinct of 3,940 on ``default``), so its ids are kept by text, and
+        the ids before ``h1`` by text and ``h1 - a`` (the memo's own array: not to be changed)."""
         end = min(self.reach(h1), len(self.text))
         key = self.text[a:end]
-        win = self._windows.get(key)
-        if win is None:
-            win = self._windows[key] = np.asarray(self._ids(a, end), dtype=np.int64)
-        w = self.lengths[win]
-        return win[:int(np.searchsorted(np.cumsum(w) - w, self._byte(h1) - self._byte(a), side="left"))]
+        got = self._lefts.get((key, h1 - a))
+        if got is None:
+            win = self._windows.get(key)
+            if win is None:
+                win = self._windows[key] = np.asarray(self._ids(a, end), dtype=np.int64)
+            w = self.lengths[win]
+            got = win[:int(np.searchsorted(np.cumsum(w) - w, self._byte(h1) - self._byte(a), side="left"))]
+            self._lefts[(key, h1 - a)] = got
+        return got
 
     def _mid(self, h1: int, hl: int) -> tuple[int, int]:
         """The index range of the file's own tokens that start in ``[h1, hl)``."""
-        ts = self.token_starts
-        return int(np.searchsorted(ts, self._byte(h1), side="left")), int(np.searchsorted(ts, self._byte(hl), side="left"))
+        if self._starts is None:
+            self._starts = self.token_starts.tolist()
+        ts = self._starts
+        return bisect_left(ts, self._byte(h1)), bisect_left(ts, self._byte(hl))
 
     def __call__(self, a: int, b: int) -> int:
         """Exact ``len(encode(text[a:b]))`` (see the module docstring)."""

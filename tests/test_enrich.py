@@ -285,3 +285,91 @@ def test_walk_finds_error_nodes_as_the_query_does(lang):
         parsed = chunk.parse_source(text, lang)
         enrich.enrich_file(text, lang, parsed)  # sets has_error_nodes from its walk
         assert parsed.has_error_nodes == by_query, text
+
+
+# ----------------------------------------------------------------------------- documents of a file
+def _reference_document_edges(fe, start: int, end: int) -> tuple[list[dict], list[dict]]:
+    """The call and type edges of ``document_enrichment`` as first written: every item of
+    every overlapping unit checked against the document's span, one by one."""
+    picked = [u for u in fe.units if not (u.end <= start or u.start >= end)]
+    fn_at: dict[str, list[int]] = {}
+    ty_at: dict[str, list[int]] = {}
+    for i, u in enumerate(picked):
+        for p, name in u.defines:
+            if start <= p < end:
+                fn_at.setdefault(name, []).append(i)
+        for p, name in u.types:
+            if start <= p < end:
+                ty_at.setdefault(name, []).append(i)
+    calls, types = set(), set()
+    for i, u in enumerate(picked):
+        for p, name in u.calls:
+            if start <= p < end:
+                calls.update((i, j) for j in fn_at.get(name, ()) if j != i)
+        for p, name in u.uses:
+            if start <= p < end:
+                types.update((i, j) for j in ty_at.get(name, ()) if j != i)
+    return ([{"from": a, "to": b} for a, b in sorted(calls)], [{"from": a, "to": b} for a, b in sorted(types)])
+
+
+def _assert_units_hold_their_items(fe, text: str, label: str) -> None:
+    """The units tile the text and each unit's definitions, calls and uses lie in it: what
+    lets ``document_enrichment`` check only the units a document cuts."""
+    assert [u.start for u in fe.units[1:]] == [u.end for u in fe.units[:-1]], label
+    if text:
+        assert fe.units[0].start == 0 and fe.units[-1].end == len(text), label
+    for u in fe.units:
+        for items in (u.defines, u.types, u.calls, u.uses):
+            assert all(u.start <= p < u.end for p, _ in items), (label, u.start, u.end, items[:3])
+
+
+def _assert_documents_match_reference(fe, text: str, label: str, rng: np.random.Generator, spans: int = 40) -> None:
+    n = len(text)
+    cuts = [(0, n)] + [(u.start, u.end) for u in fe.units]
+    for _ in range(spans):
+        a, b = sorted(int(x) for x in rng.integers(0, n + 1, size=2))
+        if a < b:
+            cuts.append((a, b))
+    for a, b in cuts:
+        doc = enrich.document_enrichment(fe, a, b)
+        assert (doc.call_edges, doc.type_edges) == _reference_document_edges(fe, a, b), (label, a, b)
+
+
+HOSTILE_DOCUMENTS = [
+    ("calls across units", "int f(void);\nint g(void) { return f(); }\nint f(void) { return g() + h(); }\n"
+                           "struct T { int x; };\nstruct T t; int h(void) { struct T u; return f(); }\n", "c"),
+    ("namespaces", "namespace a { struct S {}; void f() { S s; g(); } }\nnamespace b { void g() { a::f(); } }\n", "cpp"),
+    ("one long line", "int f(){return 1;} " * 300 + "\n", "c"),
+    ("broken", "MACRO(x) { int a = f(1);\n  if (a) { b(); }\n\n  int f(int q) { return q; }", "cpp"),
+    ("unicode", "// ü ✓\nint ß(int a) {\n\treturn ß(a); // é\n}\nint \udcff(void) { return ß(1); }\n", "cpp"),
+    ("binary", "\x00\x01 int f(){ f(); }\x02\n" * 20, "c"),
+]
+
+
+@pytest.mark.parametrize("label,text,lang", [
+    *HOSTILE_DOCUMENTS,
+    *[(p.name, p.read_text(), "c" if p.suffix == ".c" else "cpp") for p in sorted(FIXTURES.glob("*")) if p.is_file()],
+])
+def test_document_edges_equal_checking_every_item(label, text, lang):
+    fe = enrich.enrich_file(text, lang)
+    _assert_units_hold_their_items(fe, text, label)
+    _assert_documents_match_reference(fe, text, label, np.random.default_rng(7))
+
+
+def test_document_edges_equal_checking_every_item_on_real_files(tiny_run):
+    """Every kept file of the real ``tiny`` sdists, whole, unit by unit and in random spans."""
+    from megacpp_core.layout import SnapshotLayout
+
+    root, _ = tiny_run
+    kept = SnapshotLayout(root, "tiny").kept_files(["path", "language", "text"]).to_pydict()
+    rng = np.random.default_rng(11)
+    edges = 0
+    for path, lang, text in zip(kept["path"], kept["language"], kept["text"]):
+        if not text:
+            continue
+        fe = enrich.enrich_file(text, lang)
+        _assert_units_hold_their_items(fe, text, path)
+        _assert_documents_match_reference(fe, text, path, rng, spans=8)
+        doc = enrich.document_enrichment(fe, 0, len(text))
+        edges += len(doc.call_edges) + len(doc.type_edges)
+    assert edges > 0  # the real files do have edges to compare

@@ -233,3 +233,22 @@ def test_span_counter_falls_back_without_the_locality_rule(tok):
 def test_locality_margin_refuses_other_tokenizers():
     build = T.train_tokenizer(_corpus()[:50], vocab_size=T.MIN_VOCAB_SIZE, hybrid=False)
     assert span_count.locality_margin(build.tokenizer) is None
+
+
+def test_repeated_left_windows_are_counted_from_the_right_text(tok):
+    """One counter, many spans starting inside lines whose left windows repeat (the same
+    line text at several offsets, and different lines sharing their first characters):
+    each count and each id list still equals the encoding of its own span, though most
+    left pieces come from the counter's memo."""
+    lines = ["return x + 1;", "    return y;", "if (a) { b(); }", "return x + 2;", "\treturn 0;", "re()", "return x + 3;"]
+    text = "".join(f"{lines[i % len(lines)]}\n" for i in range(300))
+    margin, lengths, prefixes, soft = span_count.prepare(tok)
+    ids = tok.encode(text, add_special_tokens=False).ids
+    counter = span_count.SpanCounter(tok, text, ids, lengths, margin, prefixes, soft)
+    starts = [i + 1 for i, c in enumerate(text[:-1]) if c == "\n"]
+    spans = [(s + d, starts[k + 5] + e) for k, s in enumerate(starts[:-8]) for d in (1, 4, 6) for e in (0, 3)]
+    for a, b in spans:
+        want = tok.encode(text[a:b], add_special_tokens=False).ids
+        assert counter(a, b) == len(want), (a, b)
+        assert counter.ids(a, b).tolist() == want, (a, b)
+    assert 0 < len(counter._lefts) < len(spans) / 10  # the memo was used, and keyed finely enough
