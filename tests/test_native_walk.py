@@ -46,6 +46,16 @@ HOSTILE = [
     "template <> int q<int>(int x) { return x; }\ntemplate <class T> T r(T t);\n",
     "namespace {}\nnamespace n {\n}\nnamespace o::p { inline namespace v1 { int s; } }\nextern \"C\" { int t(void); }\n",
     "int (x) { return 1; }\n() { }\nint ns::Klass<T>::method(int) const { return 0; }\n",
+    # the subtree walk's cases (native/tswalk.c): aliased children (labels, fields, namespace and type names),
+    # extras (comments and preprocessor lines) between any two tokens, hidden rules walked through, external
+    # scanner tokens (raw strings), zero-width MISSING nodes, and nesting deep enough to grow its stack
+    "struct /*a*/ S /*b*/ { int /*c*/ f; } s; int g(void) { lbl: /*d*/ goto lbl; return s . /*e*/ f; }\n"
+    "namespace A /*f*/ { namespace B { template </*g*/class T> using V = T; } }\nA::B::V<int> v;\n"
+    "auto l = [&](int x) /*h*/ -> int { return x; }; [[nodiscard]] int n(); int m = 0x1p3 + 1'000 + u8'a';\n"
+    "void p() {\n#define Q 1\n  int q = Q; /* i */ }\nconst char *r = R\"d(raw)\"d\"; template<class T> concept C = "
+    "requires(T t) { t.x; };\nint z = (1 + ;\nvector<vector<int>> w; int k = a<b>>c;\n",
+    "{" * 3000 + "}" * 3000,
+    "int f() { return " + "g(" * 2000 + ")" * 2000 + "; }\n",
 ]
 
 
