@@ -223,7 +223,6 @@ class SpanCounter:
         self._lefts: dict[tuple[str, int], np.ndarray] = {}  # their tokens before h1, by (text, h1 - a)
         self._hard: list[int] = []  # hard as a list: spans are searched one offset at a time (bisect, no numpy call)
         self._starts: list[int] | None = None  # token_starts as a list, made at the first split span
-        self._c2b: list[int] | None = None
         if margin is None or not text:
             return
         src = text.encode("utf-8", "surrogatepass")
@@ -249,11 +248,7 @@ class SpanCounter:
         self._hard = self.hard.tolist()
 
     def _byte(self, pos: int) -> int:
-        if self.c2b is None:
-            return pos
-        if self._c2b is None:
-            self._c2b = self.c2b.tolist()
-        return self._c2b[pos]
+        return pos if self.c2b is None else int(self.c2b[pos])
 
     def _ids(self, a: int, b: int) -> list[int]:
         self.encoded_chars += b - a
