@@ -472,7 +472,7 @@ def enrich_file(text: str, language: str, parsed: ParsedSource | None = None) ->
     else:
         for sb, eb, v in w.paint.tolist():
             byte_plane[sb:eb] = v
-    structure = byte_plane[char_bytes] if nb else np.zeros(0, np.uint8)
+    structure = byte_plane if parsed.b2c is None else byte_plane[char_bytes]  # ASCII: bytes are characters
     depth, sib, typ = _ast_planes(parsed, w, char_bytes)
 
     units = [Unit(a, b, k, n) for a, b, k, n in _units(parsed)]
