@@ -543,10 +543,11 @@ def document_enrichment(fe: FileEnrichment, start: int, end: int,
 
     Chunks are the units overlapping ``[start, end)`` clipped to it, with offsets relative
     to ``start``; definitions, calls and type uses count only where they lie inside the
-    document. ``unit_edges`` (``{"call": {(i, j)}, "type": {(i, j)}}`` between file units,
-    e.g. the libclang lane's resolved edges) replaces the tree-sitter edges: an edge is
-    kept when both units overlap the document, and ``dep_level`` follows the edges used.
-    Raises ``ValueError`` for an empty or out-of-range span.
+    document (item by item only in the units it cuts: the units tile the file and hold
+    their items). ``unit_edges`` (``{"call": {(i, j)}, "type": {(i, j)}}`` between file
+    units, e.g. the libclang lane's resolved edges) replaces the tree-sitter edges: an edge
+    is kept when both units overlap the document, and ``dep_level`` follows the edges
+    used. Raises ``ValueError`` for an empty or out-of-range span.
     """
     n = len(fe.structure)
     if not 0 <= start < end <= n:
@@ -565,9 +566,8 @@ def document_enrichment(fe: FileEnrichment, start: int, end: int,
         sets = {kind: {(index_of[a], index_of[b]) for a, b in unit_edges.get(kind, ())
                        if a in index_of and b in index_of and a != b} for kind in ("call", "type")}
         return _finish(fe, start, end, chunks, sets["call"], sets["type"])
-    # a unit's items lie in the unit (the units tile the file): only a unit the document
-    # cuts (its first or last) has items outside it
-    names = [(u.defines, u.types, u.calls, u.uses) if start <= u.start and u.end <= end else
+    # items lie in their unit, but the file's last may hold a zero-width one at the very end
+    names = [(u.defines, u.types, u.calls, u.uses) if start <= u.start and u.end <= end and u.end < n else
              tuple([x for x in items if start <= x[0] < end] for items in (u.defines, u.types, u.calls, u.uses))
              for u in picked]
     fn_at: dict[str, list[int]] = {}

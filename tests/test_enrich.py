@@ -373,3 +373,19 @@ def test_document_edges_equal_checking_every_item_on_real_files(tiny_run):
         doc = enrich.document_enrichment(fe, 0, len(text))
         edges += len(doc.call_edges) + len(doc.type_edges)
     assert edges > 0  # the real files do have edges to compare
+
+
+def test_an_item_at_the_files_end_counts_as_outside_every_document():
+    """A zero-width item at the file's very end (a MISSING name at end of file) sits in the
+    last unit but outside every document ``[start, end)``, as the item-by-item rule says:
+    the last unit's items are always checked. Built by hand: no parse seen here makes one."""
+    text = "int f(void);\nint g(void) { return f(); }\n"
+    fe = enrich.enrich_file(text, "c")
+    n = len(text)
+    last = fe.units[-1]
+    last.uses.append((n, "T"))
+    fe.units[0].types.append((fe.units[0].start, "T"))
+    for a, b in [(0, n), (last.start, n), (0, last.end)]:
+        doc = enrich.document_enrichment(fe, a, b)
+        assert (doc.call_edges, doc.type_edges) == _reference_document_edges(fe, a, b), (a, b)
+    assert enrich.document_enrichment(fe, 0, n).type_edges == []
