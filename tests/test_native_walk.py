@@ -198,7 +198,28 @@ def test_build_compiles_a_loadable_library(tmp_path):
     lib = ctypes.CDLL(str(out))
     lib.megacpp_ts_version.restype = ctypes.c_char_p
     assert lib.megacpp_ts_version().decode() == build.importlib.metadata.version("tree-sitter")
+    lib.megacpp_ts_sources.restype = ctypes.c_char_p
+    assert lib.megacpp_ts_sources().decode() == build.sources_digest()
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_the_library_in_use_is_built_from_the_sources_beside_it(monkeypatch, tmp_path):
+    """The library the tests use reports the digest of today's tswalk.c, rules.c and
+    brace.c; one built from other sources (or too old to report them) is not used."""
+    lib = tswalk._require()
+    assert lib.megacpp_ts_sources().decode() == build.sources_digest()
+    monkeypatch.setattr(tswalk, "_lib", None)
+    monkeypatch.setattr(tswalk, "_checked", False)
+    monkeypatch.setattr(build, "sources_digest", lambda directory=build.HERE: "0" * 64)
+    with pytest.warns(RuntimeWarning, match="built from other C sources"):
+        assert not tswalk.available()
+    for name in build.SOURCES:  # the digest covers each source
+        (tmp_path / name).write_bytes((build.HERE / name).read_bytes())
+    monkeypatch.undo()
+    assert build.sources_digest(tmp_path) == build.sources_digest()
+    (tmp_path / "brace.c").write_bytes((build.HERE / "brace.c").read_bytes() + b"\n")
+    assert build.sources_digest(tmp_path) != build.sources_digest()
+    monkeypatch.setattr(tswalk, "_checked", False)
 
 
 def test_build_refuses_a_binding_of_another_layout(tmp_path, monkeypatch):

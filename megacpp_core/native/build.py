@@ -49,6 +49,23 @@ SDIST_SHA256 = {"0.26.1": "9919cbaf02d17fa9a4cd0e6da496aecf901b758e6eacf122eee39
 _TREE_STRUCT = re.compile(r"typedef struct \{\s*PyObject_HEAD\s*TSTree \*tree;")
 
 
+#: Our C sources compiled into the library, in order (their digest is built in).
+SOURCES = ("tswalk.c", "rules.c", "brace.c")
+
+
+def sources_digest(directory: Path = HERE) -> str:
+    """Hex sha256 over the bytes of :data:`SOURCES` in ``directory``, each preceded by its
+    name and length: what a library built from them reports (``megacpp_ts_sources``), so a
+    library older than the sources it sits beside is not used. ``OSError`` when one is
+    missing."""
+    h = hashlib.sha256()
+    for name in SOURCES:
+        data = (directory / name).read_bytes()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
 #: The core's single-file build, inside an unpacked sdist.
 _LIB_C = Path("tree_sitter", "core", "lib", "src", "lib.c")
 
@@ -100,7 +117,8 @@ def build(src_dir: Path, out: Path = LIBRARY, cc: str | None = None) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-fvisibility=hidden", "-D_POSIX_C_SOURCE=200112L",
            "-D_DEFAULT_SOURCE", "-DTREE_SITTER_HIDE_SYMBOLS",
-           f'-DMEGACPP_TS_VERSION="{version}"', f"-I{lib / 'include'}", f"-I{lib / 'src'}",
+           f'-DMEGACPP_TS_VERSION="{version}"', f'-DMEGACPP_TS_SOURCES="{sources_digest()}"',
+           f"-I{lib / 'include'}", f"-I{lib / 'src'}",
            str(root / _LIB_C), str(HERE / "tswalk.c"), str(HERE / "rules.c"), str(HERE / "brace.c"),
            "-o", str(tmp)]
     try:

@@ -23,6 +23,13 @@
 /* The py-tree-sitter release whose core this library was compiled from. */
 EXPORT const char *megacpp_ts_version(void) { return MEGACPP_TS_VERSION; }
 
+#ifndef MEGACPP_TS_SOURCES
+#error "MEGACPP_TS_SOURCES (the sha256 of the C sources, megacpp_core/native/build.py) must be defined"
+#endif
+
+/* The digest of the C sources this library was compiled from (build.sources_digest). */
+EXPORT const char *megacpp_ts_sources(void) { return MEGACPP_TS_SOURCES; }
+
 /* Number of nodes a walk visits: every node, named or anonymous, the root included. */
 EXPORT uint32_t megacpp_ts_count(const TSTree *tree) {
     return ts_node_descendant_count(ts_tree_root_node(tree));

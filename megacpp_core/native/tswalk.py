@@ -11,9 +11,10 @@ The ``TSTree`` pointer is read from the ``tree_sitter.Tree`` object right after 
 ``PyObject_HEAD`` (``tree_sitter/binding/types.h``). The library is used only when all of
 these hold, else :func:`available` is False and callers keep their Python walk (same
 output): the library exists, it was compiled from the installed py-tree-sitter release
-(it reports the version), ``tree_sitter.Tree`` has exactly that layout's size, the library
-exports every function of :data:`_FUNCTIONS` (one built from an older ``tswalk.c`` lacks
-some), and ``MEGACPP_NATIVE_WALK`` is not ``0``.
+(it reports the version), from the C sources beside this module (it reports their digest:
+a library older than ``tswalk.c``, ``rules.c`` or ``brace.c`` is not used),
+``tree_sitter.Tree`` has exactly that layout's size, the library exports every function of
+:data:`_FUNCTIONS`, and ``MEGACPP_NATIVE_WALK`` is not ``0``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,24 @@ class NodeArrays:
     picked: np.ndarray
 
 
+def _stale(lib: ctypes.CDLL) -> str | None:
+    """Why ``lib`` was not built from the C sources beside it (``megacpp_ts_sources``
+    against :func:`megacpp_core.native.build.sources_digest`), or None. Sources that are
+    not there (an install without them) are not compared."""
+    from .build import sources_digest
+
+    try:
+        want = sources_digest()
+    except OSError:
+        return None
+    if not hasattr(lib, "megacpp_ts_sources"):
+        return "was built from older C sources (it reports no digest of them)"
+    lib.megacpp_ts_sources.restype = ctypes.c_char_p
+    lib.megacpp_ts_sources.argtypes = []
+    got = lib.megacpp_ts_sources().decode()
+    return None if got == want else f"was built from other C sources (digest {got[:12]}, the sources' {want[:12]})"
+
+
 def _load() -> ctypes.CDLL | None:
     """The library when every condition of the module docstring holds, else None (a
     warning says why when the library exists but cannot be used)."""
@@ -85,6 +104,11 @@ def _load() -> ctypes.CDLL | None:
         warnings.warn(f"{LIBRARY.name} was built for py-tree-sitter {built}, {installed} is installed "
                       f"(Tree size {tree_sitter.Tree.__basicsize__}, expected {_TREE_SIZE}); using the Python walk. "
                       "Rebuild it: python -m megacpp_core.native.build", RuntimeWarning, stacklevel=3)
+        return None
+    stale = _stale(lib)
+    if stale:
+        warnings.warn(f"{LIBRARY.name} {stale}; using the Python walk. Rebuild it: python -m megacpp_core.native.build",
+                      RuntimeWarning, stacklevel=3)
         return None
     missing = [f for f in _FUNCTIONS if not hasattr(lib, f)]
     if missing:
