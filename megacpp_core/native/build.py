@@ -119,7 +119,7 @@ def build(src_dir: Path, out: Path = LIBRARY, cc: str | None = None) -> Path:
            "-D_DEFAULT_SOURCE", "-DTREE_SITTER_HIDE_SYMBOLS",
            f'-DMEGACPP_TS_VERSION="{version}"', f'-DMEGACPP_TS_SOURCES="{sources_digest()}"',
            f"-I{lib / 'include'}", f"-I{lib / 'src'}",
-           str(root / _LIB_C), str(HERE / "tswalk.c"), str(HERE / "rules.c"), str(HERE / "brace.c"),
+           str(root / _LIB_C), *(str(HERE / name) for name in SOURCES),
            "-o", str(tmp)]
     try:
         subprocess.run(cmd, check=True)
