@@ -368,7 +368,7 @@ def _ast_planes(parsed: ParsedSource, w: _Walk, char_bytes: np.ndarray) -> tuple
     table = ast_types.bucket_table(parsed.grammar)
     kid = w.kind_ids
     known = kid < len(table)
-    per_node = [np.minimum(w.depths, MAX_DEPTH), np.minimum(w.sibs, MAX_DEPTH),
+    per_node = [w.depths, w.sibs,  # the walk clamps both at MAX_DEPTH already
                 np.where(known, table[np.where(known, kid, 0)], ast_types.ERROR_BUCKET)]
     depth, sib, typ = tree_arrays.innermost_planes(w.starts, w.ends, w.parents, char_bytes, per_node)
     return depth, sib, typ
