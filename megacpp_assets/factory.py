@@ -141,19 +141,25 @@ class LatestMaterializations:
     :meth:`refresh` starts each plan); an index used once reads a lone partition with one
     direct query instead. Nothing is assumed about the order in which storage ids become
     visible, so each plan is as current as one query per pair, on any storage (SQLite
-    or PostgreSQL)."""
+    or PostgreSQL).
+
+    A step's inputs fingerprint needs only its upstream partitions' data versions:
+    :meth:`data_versions` reads them from the event log's tag index in one query, without
+    reading (and deserializing) a record."""
 
     def __init__(self, instance, kept: bool = False):
         self.instance, self.kept = instance, kept
         self._latest: dict[tuple[str, str], int | None] = {}  # the latest id of each pair, as last read
         self._known: set[tuple[str, str]] = set()  # the pairs read since the last refresh()
         self._records: dict[int, Any] = {}
+        self._versions: dict[tuple[str, str], str | None] = {}  # data versions read since the last refresh()
 
     def refresh(self) -> None:
         """Forget which storage id is the latest of each partition (records stay): the
         next reads see what was materialized since. Between two refreshes, a partition's
         latest id is read once (a plan asks for one pair several times)."""
         self._known.clear()
+        self._versions.clear()
 
     def get_many(self, asset: str, partitions: list[str]) -> dict[str, Any]:
         """``{partition: its latest AssetMaterialization or None}``."""
@@ -185,9 +191,40 @@ class LatestMaterializations:
         """The latest AssetMaterialization of ``asset`` at ``partition``, or None."""
         return self.get_many(asset, [partition])[partition]
 
+    def data_versions(self, asset: str, partitions: list[str]) -> dict[str, str | None]:
+        """``{partition: the data version tag (``dagster/data_version``) of its latest
+        materialization, None when it has none or was never materialized}``, as
+        :meth:`get_many`'s records would give it. One query for the pairs not read since
+        the last :meth:`refresh`: Dagster's ``get_latest_tags_by_partition`` over the
+        event log's tag index (the data version is the one materialization tag Dagster
+        indexes), which takes each partition's latest materialization as
+        ``get_latest_storage_id_by_partition`` does (asset wipes honoured) and reads no
+        record. A pair whose latest record this index holds since the refresh is answered
+        from it. Kept until the next refresh (an index used once is not refreshed)."""
+        out: dict[str, str | None] = {}
+        ask = []
+        for p in dict.fromkeys(partitions):
+            k = (asset, p)
+            if k in self._versions:
+                out[p] = self._versions[k]
+            elif k in self._known and (self._latest[k] is None or self._latest[k] in self._records):
+                out[p] = _data_version(self._records.get(self._latest[k]))
+            else:
+                ask.append(p)
+        if ask:
+            tags = self.instance.event_log_storage.get_latest_tags_by_partition(
+                AssetKey(asset), DagsterEventType.ASSET_MATERIALIZATION, [DATA_VERSION_TAG], asset_partitions=ask)
+            for p in ask:
+                out[p] = self._versions[(asset, p)] = tags.get(p, {}).get(DATA_VERSION_TAG)
+        return out
+
+
+#: The tag Dagster records a materialization's data version in (and indexes).
+DATA_VERSION_TAG = "dagster/data_version"
+
 
 def _data_version(mat) -> str | None:
-    return (mat.tags or {}).get("dagster/data_version") if mat else None
+    return (mat.tags or {}).get(DATA_VERSION_TAG) if mat else None
 
 
 def inputs_fingerprint(instance, stage: Stage, partition_key: str, sources: list[str],
@@ -203,8 +240,8 @@ def inputs_fingerprint(instance, stage: Stage, partition_key: str, sources: list
     lines = []
     for up in _upstream_stages(stage, producers):
         parts = upstream_partitions(stage, up, partition_key, sources, root)
-        mats = latest.get_many(up.asset, parts)
-        lines.extend(f"{up.asset}@{p}={_data_version(mats[p])}" for p in parts)
+        versions = latest.data_versions(up.asset, parts)
+        lines.extend(f"{up.asset}@{p}={versions[p]}" for p in parts)
     return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:16]
 
 

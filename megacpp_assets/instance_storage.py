@@ -74,7 +74,7 @@ import sqlalchemy as sa
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from dagster import DagsterEventType, Enum, EnumValue, Field, StringSource
-from dagster._core.storage.event_log.schema import SqlEventLogStorageMetadata
+from dagster._core.storage.event_log.schema import DynamicPartitionsTable, SqlEventLogStorageMetadata
 from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
@@ -124,6 +124,15 @@ class _TrueAnswers:
             self._names = (self._names if file == self._file else frozenset()) | {name}
             self._file = file
         return ok
+
+
+#: :meth:`PooledSqliteEventLogStorage.has_dynamic_partition`'s query (Dagster's own, with
+#: bound parameters ``name`` and ``key``), built and compiled once per process.
+_HAS_DYNAMIC_PARTITION = (
+    sa.select(DynamicPartitionsTable.c.partition)
+    .where(sa.and_(DynamicPartitionsTable.c.partitions_def_name == sa.bindparam("name"),
+                   DynamicPartitionsTable.c.partition == sa.bindparam("key")))
+    .limit(1))
 
 
 class PooledSqliteEventLogStorage(SqliteEventLogStorage):
@@ -250,6 +259,18 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             with self._db_lock:
                 with self._engine(event.run_id).connect() as conn:
                     conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def has_dynamic_partition(self, partitions_def_name: str, partition_key: str) -> bool:
+        """Whether ``partition_key`` is a partition of the dynamic partitions definition
+        ``partitions_def_name``: the stock query (the ``dynamic_partitions`` row of that
+        name and key, ``LIMIT 1``) as one statement built once (:data:`_HAS_DYNAMIC_PARTITION`)
+        instead of at every call. Dagster asks it for every dimension of a partition key
+        it checks (the run's key, each partitioned input's subset): about 1,700 times in a
+        ``default`` run, 0.15–0.28 ms a call with the statement built each time against
+        0.04 ms. Nothing is cached; each call reads the table."""
+        self._check_partitions_table()
+        with self.index_connection() as conn:
+            return conn.execute(_HAS_DYNAMIC_PARTITION, {"name": partitions_def_name, "key": partition_key}).first() is not None
 
     def has_table(self, table_name: str) -> bool:
         """Whether the index database has ``table_name``, as the stock class answers it (a

@@ -27,6 +27,7 @@ from dagster import AssetKey, DagsterInstance
 
 from megacpp_assets import freshness
 from megacpp_assets.factory import CARD_CODE_VERSION, LatestMaterializations, group_step_name, register_shards
+from megacpp_assets.job_subsets import JobSubsets
 from megacpp_core import layout
 from megacpp_core.stage import Partition, Partitioning
 from megacpp_core.stages import phases, sinks, snapshot_groups, step_groups
@@ -55,6 +56,7 @@ class SnapshotRun:
         self.snapshot_job = definitions.resolve_job_def("snapshot_job")
         self.passes = phases(stages)
         self.latest = LatestMaterializations(instance, kept=True)  # one materialization index per process
+        self.subsets = JobSubsets(instance)  # one in-process job per selection, per process
         self.step_of = {s.asset: group_step_name(g) for g in step_groups(stages) for s in g}
         self.n_sources = len(manifest.sources)
         # the parse-ahead of a later pass's worker (:meth:`parse_ahead`): the pass and the event
@@ -184,9 +186,10 @@ class SnapshotRun:
         """Do ahead what this process's first run would do on its way to its first step:
         with the pooled event log, the empty run database its run databases are copied
         from (:func:`megacpp_assets.instance_storage.run_template`; a worker forked from
-        the fork server has it already); Dagster's snapshot of a job subset (its first one
-        in a process imports Dagster's snapshot modules and builds its type caches: about
-        45 ms) and, unless every asset is run again, the freshness plan of one partition
+        the fork server has it already); the job subset of the first pass's early assets
+        and its snapshot (:class:`~megacpp_assets.job_subsets.JobSubsets`, kept for the
+        runs; the first snapshot in a process imports Dagster's snapshot modules and builds
+        its type caches: about 45 ms) and, unless every asset is run again, the freshness plan of one partition
         (the instance's first queries through this process's connections). Nothing is
         written to the instance or the data root, and nothing raised: an error here is met
         again by the run, which reports it (or, for the template, the storage makes its
@@ -203,7 +206,8 @@ class SnapshotRun:
         if first is None or not self.manifest.sources:
             return
         try:
-            self.revision_job.get_subset(asset_selection={AssetKey(first.asset)}).get_job_snapshot_id()
+            early = self.pass_assets(1)[0] or [first.asset]
+            self.subsets.subset(self.revision_job, frozenset(AssetKey(a) for a in early)).get_job_snapshot_id()
             if not self.rerun:
                 freshness.plan(self.instance, self.stages, self.root, self.manifest,
                                Partition(self.manifest.name, self.manifest.sources[0].name), latest=self.latest)
@@ -227,8 +231,7 @@ class SnapshotRun:
             return True
         why = "" if self.rerun or len(todo) == len(assets) else f" (out of date: {', '.join(todo)})"
         print(f"{label} {part.key}{why}", flush=True)
-        result = job.execute_in_process(instance=self.instance, partition_key=part.key, run_config=QUIET,
-                                        raise_on_error=False, asset_selection=[AssetKey(a) for a in todo])
+        result = self.subsets.execute(job, part.key, todo, QUIET)
         if not result.success:
             report_failure(result, part.key, [(a, self.step_of[a]) for a in todo])
         return result.success
@@ -309,8 +312,7 @@ class SnapshotRun:
         shards left of the files made ahead is dropped first (:meth:`parse_ahead`)."""
         self._drop_ahead(None, keep=False)
         name = self.manifest.name
-        result = self.snapshot_job.execute_in_process(instance=self.instance, partition_key=name, run_config=QUIET,
-                                                      raise_on_error=False, asset_selection=[AssetKey(a) for a in assets])
+        result = self.subsets.execute(self.snapshot_job, name, assets, QUIET)
         if not result.success:
             report_failure(result, name)
         return result.success

@@ -58,6 +58,18 @@ def make_data_root(base: Path) -> Path:
     return base
 
 
+def copy_of_tiny(tiny_run, tmp_path: Path) -> Path:
+    """A data root at ``tmp_path/root`` holding a copy of the session ``tiny`` run's
+    snapshots (symbolic links kept) and a link to its sdist cache, for tests that write."""
+    import shutil
+
+    root, _ = tiny_run
+    copy = tmp_path / "root"
+    shutil.copytree(root / "snapshots", copy / "snapshots", symlinks=True)
+    (copy / "cache").symlink_to((root / "cache").resolve(), target_is_directory=True)
+    return copy
+
+
 @contextlib.contextmanager
 def materialized_tiny(tmp_path_factory, label: str):
     """Run ``megacpp run --corpus tiny`` through Dagster into a fresh data root and

@@ -693,3 +693,32 @@ def test_asset_key_column_answers_are_remembered_while_the_index_is_the_same_fil
         assert asked == ["last_materialization_timestamp", "cached_status_data", "no_such_column", "no_such_column"]
     finally:
         pooled.dispose()
+
+
+def test_dynamic_partition_membership_is_read_at_each_call_as_the_stock_storage_reads_it(tmp_path):
+    """``has_dynamic_partition`` (one statement built once) answers as Dagster's stock
+    SQLite storage on the same home, for keys added and deleted by another instance
+    between two calls (nothing is cached), names and keys that only share a prefix or
+    differ in case, and an unknown definition."""
+    from dagster import DagsterInstance
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    from megacpp_assets.instance_storage import PooledSqliteEventLogStorage
+
+    write_instance_config(tmp_path)
+    index = str(tmp_path / "history" / "runs")
+    asks = [("repo_revision", "s/a"), ("repo_revision", "s/a|000"), ("repo_revision", "S/A"), ("repo_revision", "s/"),
+            ("shard", "s/a"), ("shard", "000"), ("no_such_definition", "000"), ("repo_revision", "ünï/ç'\"%_")]
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as pooled, DagsterInstance.get() as writer:
+        assert isinstance(pooled.event_log_storage, PooledSqliteEventLogStorage)
+        stock = SqliteEventLogStorage(index)
+        answers = lambda: [pooled.has_dynamic_partition(n, k) for n, k in asks]  # noqa: E731
+        assert answers() == [stock.has_dynamic_partition(n, k) for n, k in asks] == [False] * len(asks)
+        writer.add_dynamic_partitions("repo_revision", ["s/a", "ünï/ç'\"%_"])
+        writer.add_dynamic_partitions("shard", ["000"])
+        assert answers() == [stock.has_dynamic_partition(n, k) for n, k in asks] \
+            == [True, False, False, False, False, True, False, True]
+        writer.delete_dynamic_partition("repo_revision", "s/a")
+        assert answers() == [stock.has_dynamic_partition(n, k) for n, k in asks] \
+            == [False, False, False, False, False, True, False, True]
+        stock.dispose()

@@ -6,7 +6,6 @@ step, and a run can select any subset of a group."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 
 import pytest
@@ -16,7 +15,7 @@ from megacpp_assets.definitions import build_definitions, defs
 from megacpp_assets.factory import group_step_name
 from megacpp_core.stage import Partitioning
 from megacpp_core.stages import STAGES, phases, step_groups
-from tests.conftest import environ
+from tests.conftest import copy_of_tiny, environ
 
 SHARD = "tiny/lz4-4.4.5|000"
 
@@ -72,14 +71,6 @@ def test_the_tiny_run_materialized_each_asset_of_a_shared_step_with_its_checks(t
     assert "quality__license__scrub" in starts and "scrubbed_files" not in starts  # one step, three assets
 
 
-def _copy_of_tiny(tiny_run, tmp_path):
-    root, _ = tiny_run
-    copy = tmp_path / "root"
-    shutil.copytree(root / "snapshots", copy / "snapshots", symlinks=True)
-    (copy / "cache").symlink_to((root / "cache").resolve(), target_is_directory=True)
-    return copy
-
-
 def _failing(ctx):
     """A gate that always fails (the test's hostile gate)."""
     return False, "failed on purpose"
@@ -91,7 +82,7 @@ def test_a_failed_gate_stops_the_stages_after_it_in_the_step(tiny_run, tmp_path,
 
     variant = tuple(dataclasses.replace(s, gates=(*s.gates, _failing)) if s.name == "license" else s for s in STAGES)
     job = build_definitions(variant).resolve_job_def("shard_job")
-    copy = _copy_of_tiny(tiny_run, tmp_path)
+    copy = copy_of_tiny(tiny_run, tmp_path)
     with environ(MEGACPP_DATA_ROOT=str(copy)), DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
         instance.add_dynamic_partitions("shard", ["000"])
@@ -118,7 +109,7 @@ def test_the_checks_of_a_shared_step_do_not_run_without_their_asset(tiny_run, tm
     refused: a check evaluates what its stage commits, so it runs with its asset."""
     from dagster import AssetCheckKey
 
-    copy = _copy_of_tiny(tiny_run, tmp_path)
+    copy = copy_of_tiny(tiny_run, tmp_path)
     check = AssetCheckKey(AssetKey("scrubbed_files"), "scrubbed_schema")
     job = defs.resolve_job_def("shard_job").get_subset(asset_selection=set(), asset_check_selection={check})
     with environ(MEGACPP_DATA_ROOT=str(copy)), DagsterInstance.ephemeral() as instance:
@@ -133,7 +124,7 @@ def test_the_checks_of_a_shared_step_do_not_run_without_their_asset(tiny_run, tm
 
 @pytest.mark.integration
 def test_a_run_can_select_one_stage_of_a_shared_step(tiny_run, tmp_path):
-    copy = _copy_of_tiny(tiny_run, tmp_path)
+    copy = copy_of_tiny(tiny_run, tmp_path)
     with environ(MEGACPP_DATA_ROOT=str(copy)), DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
         instance.add_dynamic_partitions("shard", ["000"])
@@ -152,7 +143,7 @@ def test_each_check_targets_its_materialization_with_one_lookup(tiny_run, tmp_pa
     asset in the run, and Dagster looks that materialization up once per check (the asset
     bodies yield checks beside the MaterializeResult, not inside it, where each check is
     looked up twice: :func:`megacpp_assets.factory.to_result`)."""
-    copy = _copy_of_tiny(tiny_run, tmp_path)
+    copy = copy_of_tiny(tiny_run, tmp_path)
     assets = ("quality_files", "license_files", "scrubbed_files")
     with environ(MEGACPP_DATA_ROOT=str(copy)), DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
@@ -194,22 +185,33 @@ def test_the_materialization_index_follows_new_materializations():
 
         mat("s/x", "1")
         mat("s/y", "1")
+        mat("s/w", "5")
         index = LatestMaterializations(instance, kept=True)
+        assert index.data_versions("a", ["s/x", "s/w", "s/v"]) == {"s/x": "1", "s/w": "5", "s/v": None}
         got = index.get_many("a", ["s/x", "s/y", "s/z"])
         assert {p: m and m.tags["dagster/data_version"] for p, m in got.items()} == {"s/x": "1", "s/y": "1", "s/z": None}
         mat("s/x", "2")
         mat("s/z", "1")
+        instance.report_runless_asset_event(AssetMaterialization("a", partition="s/w"))  # latest: no data version
         assert index.get("a", "s/x").tags["dagster/data_version"] == "1"  # until refreshed (one plan)
         assert index.get("a", "s/z") is None
+        assert index.data_versions("a", ["s/x", "s/z", "s/w"]) == {"s/x": "1", "s/z": None, "s/w": "5"}
         index.refresh()
+        # the latest materialization's tag, not the last one that had it
+        assert index.data_versions("a", ["s/x", "s/z", "s/w", "s/x"]) == {"s/x": "2", "s/z": "1", "s/w": None}
+        assert LatestMaterializations(instance).data_versions("a", ["s/x", "s/y"]) == {"s/x": "2", "s/y": "1"}
         assert index.get("a", "s/x").tags["dagster/data_version"] == "2"
         assert index.get("a", "s/z").tags["dagster/data_version"] == "1"
         assert index.get("a", "s/y").tags["dagster/data_version"] == "1" and index.get("b", "s/x") is None
-        assert index.get_many("a", []) == {}
+        assert index.get_many("a", []) == {} and index.data_versions("a", []) == {}
         instance.wipe_assets([AssetKey("a")])  # a wiped asset reads as never materialized
         index.refresh()
         assert index.get_many("a", ["s/x", "s/y"]) == {"s/x": None, "s/y": None}
         assert LatestMaterializations(instance).get("a", "s/x") is None
+        assert LatestMaterializations(instance).data_versions("a", ["s/x", "s/y"]) == {"s/x": None, "s/y": None}
+        mat("s/x", "3")  # materialized again after the wipe
+        index.refresh()
+        assert index.data_versions("a", ["s/x", "s/y"]) == {"s/x": "3", "s/y": None}
 
 
 @pytest.mark.integration
@@ -223,12 +225,15 @@ def test_the_materialization_index_agrees_with_one_query_per_partition(tiny_run)
     for s in STAGES:
         parts = sorted({r.partition_key for r in instance.fetch_materializations(AssetKey(s.asset), limit=10_000).records})
         assert parts, s.asset
+        versions = LatestMaterializations(instance).data_versions(s.asset, parts + ["tiny/no-such-revision"])
+        assert versions.pop("tiny/no-such-revision") is None
         got = index.get_many(s.asset, parts + ["tiny/no-such-revision"])
         assert got.pop("tiny/no-such-revision") is None
         for p in parts:
             want = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(s.asset), asset_partitions=[p]),
                                                    limit=1).records[0].asset_materialization
             assert got[p] == want == once.get(s.asset, p), (s.asset, p)
+            assert versions[p] == want.tags["dagster/data_version"] is not None, (s.asset, p)
 
 
 def _groups(planned):
@@ -294,7 +299,7 @@ def test_a_shared_step_leaves_no_memo_behind(tiny_run, tmp_path):
     a p4 that does not come: the step empties the memos when it ends."""
     from megacpp_core import memo
 
-    copy = _copy_of_tiny(tiny_run, tmp_path)
+    copy = copy_of_tiny(tiny_run, tmp_path)
     with environ(MEGACPP_DATA_ROOT=str(copy)), DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
         instance.add_dynamic_partitions("shard", ["000"])

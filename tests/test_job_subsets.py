@@ -1,0 +1,86 @@
+"""Runs of an asset selection through :class:`megacpp_assets.job_subsets.JobSubsets` (the
+selection's in-process job built once per process) are the runs Dagster's
+``execute_in_process(asset_selection=…, partition_key=…)`` stores: same job, selection,
+tags, snapshots, steps, events and materializations; and the same errors before a run."""
+
+from __future__ import annotations
+
+
+import pytest
+from dagster import AssetKey, DagsterInstance
+
+from megacpp_assets.definitions import defs
+from megacpp_assets.job_subsets import JobSubsets
+from megacpp_assets.snapshot_run import QUIET
+from tests.conftest import copy_of_tiny, environ
+
+SHARD = "tiny/lz4-4.4.5|000"
+ASSETS = ("quality_files", "license_files", "scrubbed_files")
+
+
+def _instance():
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
+    instance.add_dynamic_partitions("shard", ["000"])
+    return instance
+
+
+def _run_facts(instance, result):
+    """What a run stores, without what differs between any two runs (ids, times, values
+    computed from timestamps)."""
+    run = instance.get_run_by_id(result.run_id)
+    events = [e.dagster_event for e in instance.all_logs(result.run_id) if e.dagster_event is not None]
+    mats = sorted((e.asset_key.to_user_string(), e.partition) for e in events if e.event_type_value == "ASSET_MATERIALIZATION")
+    checks = sorted((e.asset_check_evaluation_data.asset_key.to_user_string(), e.asset_check_evaluation_data.check_name,
+                     e.asset_check_evaluation_data.passed)
+                    for e in events if e.event_type_value == "ASSET_CHECK_EVALUATION")
+    return {
+        "job": run.job_name, "status": run.status, "selection": run.asset_selection,
+        "check_selection": run.asset_check_selection, "tags": dict(run.tags),
+        "job_snapshot": run.job_snapshot_id, "plan_snapshot": run.execution_plan_snapshot_id,
+        "parent": instance.get_job_snapshot(run.job_snapshot_id).lineage_snapshot,
+        "events": [(e.event_type_value, e.step_key) for e in events],
+        "materializations": mats, "checks": checks,
+    }
+
+
+@pytest.mark.integration
+def test_a_kept_subset_stores_the_run_execute_in_process_stores(tiny_run, tmp_path):
+    copy = copy_of_tiny(tiny_run, tmp_path)
+    job = defs.resolve_job_def("shard_job")
+    with environ(MEGACPP_DATA_ROOT=str(copy)):
+        with _instance() as instance:
+            stock = job.execute_in_process(instance=instance, partition_key=SHARD, run_config=QUIET,
+                                           raise_on_error=False, asset_selection=[AssetKey(a) for a in ASSETS])
+            want = _run_facts(instance, stock)
+        with _instance() as instance:
+            subsets = JobSubsets(instance)
+            first = subsets.execute(job, SHARD, list(ASSETS), QUIET)
+            kept = subsets.subset(job, frozenset(AssetKey(a) for a in ASSETS))
+            again = subsets.execute(job, SHARD, list(reversed(ASSETS)), QUIET)  # the same selection, another order
+            assert subsets.subset(job, frozenset(AssetKey(a) for a in ASSETS)) is kept  # built once
+            got = [_run_facts(instance, r) for r in (first, again)]
+    assert stock.success and first.success and again.success
+    assert want["selection"] == {AssetKey(a) for a in ASSETS} and want["tags"]["dagster/partition"] == SHARD
+    assert want["materializations"] == [(a, SHARD) for a in sorted(ASSETS)] and want["checks"]
+    assert got[0] == want
+    assert got[1] == want
+
+
+@pytest.mark.integration
+def test_a_run_of_a_partition_or_asset_the_job_lacks_fails_as_execute_in_process_does(tiny_run, tmp_path):
+    copy = copy_of_tiny(tiny_run, tmp_path)
+    job = defs.resolve_job_def("shard_job")
+    cases = [("tiny/no-such-revision|000", ["scrubbed_files"]), (SHARD, ["no_such_asset"]),
+             (SHARD, ["source_files"])]  # a revision asset: not in the shard job
+    with environ(MEGACPP_DATA_ROOT=str(copy)), _instance() as instance:
+        subsets = JobSubsets(instance)
+        for key, assets in cases:
+            with pytest.raises(Exception) as stock:
+                job.execute_in_process(instance=instance, partition_key=key, run_config=QUIET, raise_on_error=False,
+                                       asset_selection=[AssetKey(a) for a in assets])
+            with pytest.raises(Exception) as ours:
+                subsets.execute(job, key, assets, QUIET)
+            assert type(ours.value) is type(stock.value), (key, assets)
+            assert str(ours.value) == str(stock.value), (key, assets)
+        assert not instance.get_run_records()  # no run was stored by either
