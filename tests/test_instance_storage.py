@@ -722,3 +722,46 @@ def test_dynamic_partition_membership_is_read_at_each_call_as_the_stock_storage_
         assert answers() == [stock.has_dynamic_partition(n, k) for n, k in asks] \
             == [False, False, False, False, False, True, False, True]
         stock.dispose()
+
+
+def test_asset_details_and_secondary_indexes_answer_as_the_stock_storage(tmp_path):
+    """The wipe details of asset keys (read at every asset query, one statement built
+    once) are the stock storage's, in the keys' order, for keys never seen, materialized,
+    wiped, repeated and empty lists; a wipe by another instance is seen at the next call,
+    so a wiped asset's materializations are gone for both. A completed secondary index is
+    remembered; one not completed is asked again, and seen once another instance
+    completes it."""
+    import dagster as dg
+    from dagster import AssetKey, DagsterInstance
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    write_instance_config(tmp_path)
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as pooled, DagsterInstance.get() as writer:
+        assert dg.materialize(_assets(), instance=writer).success
+        stock = SqliteEventLogStorage(str(tmp_path / "history" / "runs"))
+        keys = [AssetKey("doubled"), AssetKey("never"), AssetKey("numbers"), AssetKey("doubled"), AssetKey(["a", "b"])]
+        ours = pooled.event_log_storage
+        for _ in range(2):
+            assert ours._get_assets_details(keys) == stock._get_assets_details(keys)
+            assert ours._get_assets_details([]) == stock._get_assets_details([]) == []
+            writer.wipe_assets([AssetKey("numbers")])
+        got = ours._get_assets_details(keys)
+        assert got == stock._get_assets_details(keys) and got[2].last_wipe_timestamp and got[0] is None
+        assert pooled.fetch_materializations(AssetKey("numbers"), limit=5).records == []
+        assert len(pooled.fetch_materializations(AssetKey("doubled"), limit=5).records) == 1
+
+        assert ours.has_secondary_index("megacpp_test_index") is stock.has_secondary_index("megacpp_test_index") is False
+        writer.event_log_storage.enable_secondary_index("megacpp_test_index")
+        assert ours.has_secondary_index("megacpp_test_index") is stock.has_secondary_index("megacpp_test_index") is True
+        name = next(n for n in ("asset_key_table", "asset_key_index_columns") if stock.has_secondary_index(n))
+        assert ours.has_secondary_index(name) is True
+        asked = []
+        real = SqliteEventLogStorage.has_secondary_index
+        try:
+            SqliteEventLogStorage.has_secondary_index = lambda self, n: asked.append(n) or real(self, n)
+            assert all(ours.has_secondary_index(name) for _ in range(5))
+            assert ours.has_secondary_index("megacpp_not_done") is False and ours.has_secondary_index("megacpp_not_done") is False
+        finally:
+            SqliteEventLogStorage.has_secondary_index = real
+        assert asked == ["megacpp_not_done", "megacpp_not_done"]  # a true answer from before; a false one each time
+        stock.dispose()
