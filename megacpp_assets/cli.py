@@ -244,7 +244,10 @@ def _run_on(manifest, root, home: Path, instance, rerun: bool, stages, workers: 
     print(f"  data root    {root.url}\n  DAGSTER_HOME {home}\n  workers      {workers}", flush=True)
     t0 = time.perf_counter()
     run = SnapshotRun(manifest, root, instance, rerun, stages)
-    run.warm()  # what its first run would do lazily, done while the fork server imports
+    # what its first runs would do lazily, done while the fork server imports: with workers,
+    # this process runs the snapshot steps of every pass but the last; alone, all of pass 1
+    run.warm([x for n in range(1, len(run.passes)) for x in run.selections(n, units=False, snapshot="one")]
+             if workers > 1 else run.selections(1, snapshot="one"))
     settled()  # start-up is done (startup_gc); the fork server still imports meanwhile
     if not run_passes(run, workers):
         return 1

@@ -95,7 +95,9 @@ class SnapshotRun:
 
         run = cls(load_manifest(manifest_path), open_root(root_url), DagsterInstance.from_ref(instance_ref), rerun, stages)
         memo.keep_across_steps()  # a worker runs many steps: a revision's chunk step leaves its files' facts for p3/p4
-        run.warm()  # a pool started ahead (the next pass's, during the tokenizer) does it while idle
+        n = ahead or 1  # the pass this worker runs
+        # a pool started ahead (the next pass's, during the tokenizer) does it while idle
+        run.warm(run.selections(n, snapshot="groups" if n == len(run.passes) else ""))
         run._ahead_pass = (ahead, started)
         return run
 
@@ -182,19 +184,41 @@ class SnapshotRun:
                   f"{f.get('seconds', 0.0):.1f}s ({f.get('ended')}"
                   + (f"; unreadable: {', '.join(f['unreadable'])}" if f.get("unreadable") else "") + ")", flush=True)
 
-    def warm(self) -> None:
-        """Do ahead what this process's first run would do on its way to its first step:
+    def selections(self, n: int, units: bool = True, snapshot: str = "") -> list[tuple[str, tuple[str, ...]]]:
+        """The ``(job name, asset names)`` of the runs a fresh ``megacpp run`` (every asset
+        out of date) makes in pass ``n`` (1-based): with ``units``, its revisions' early
+        and late assets and its shards' assets; its snapshot assets with ``snapshot``
+        ``"one"`` (one run of them all, the card with the last pass's: :meth:`snapshot`)
+        or ``"groups"`` (the last pass on workers: one run per :class:`SnapshotUnits`
+        group, the card alone)."""
+        out: list[tuple[str, tuple[str, ...]]] = []
+        if units:
+            early, shard, late = self.pass_assets(n)
+            out += [("revision_job", tuple(early)), ("shard_job", tuple(shard)), ("revision_job", tuple(late))]
+        snap = [s.asset for s in self.passes[n - 1].snapshot]
+        last = n == len(self.passes)
+        if snapshot == "one":
+            out.append(("snapshot_job", tuple(snap + [CARD] * last)))
+        elif snapshot == "groups":
+            out += [("snapshot_job", g.assets) for g in snapshot_groups(snap, self.stages)]
+            out += [("snapshot_job", (CARD,))] * last
+        return [(job, assets) for job, assets in out if assets]
+
+    def warm(self, selections: list[tuple[str, tuple[str, ...]]] = ()) -> None:
+        """Do ahead what this process's runs would do on their way to their first step:
         with the pooled event log, the empty run database its run databases are copied
         from (:func:`megacpp_assets.instance_storage.run_template`; a worker forked from
-        the fork server has it already); the job subset of the first pass's early assets
-        and its snapshot (:class:`~megacpp_assets.job_subsets.JobSubsets`, kept for the
-        runs; the first snapshot in a process imports Dagster's snapshot modules and builds
-        its type caches: about 45 ms) and, unless every asset is run again, the freshness plan of one partition
-        (the instance's first queries through this process's connections). Nothing is
-        written to the instance or the data root, and nothing raised: an error here is met
-        again by the run, which reports it (or, for the template, the storage makes its
-        databases as Dagster does). ``megacpp run`` calls it while the fork server still
-        imports, and each worker as it starts."""
+        the fork server has it already); the job subset of each of ``selections``
+        (:meth:`selections`: the runs this process makes in a fresh run) with its
+        snapshots (:class:`~megacpp_assets.job_subsets.JobSubsets`, kept for the runs:
+        10–35 ms each; the first snapshot in a process also imports Dagster's snapshot
+        modules and builds its type caches, about 45 ms) and, unless every asset is run
+        again, the freshness plan of one partition (the instance's first queries through
+        this process's connections). Nothing is written to the instance or the data root,
+        and nothing raised: an error here is met again by the run, which reports it (or,
+        for the template, the storage makes its databases as Dagster does). ``megacpp run``
+        calls it while the fork server still imports, and each worker as it starts (a
+        later pass's while the tokenizer trains)."""
         from megacpp_assets.instance_storage import PooledSqliteEventLogStorage, run_template
 
         try:
@@ -202,12 +226,13 @@ class SnapshotRun:
                 run_template()
         except Exception:  # noqa: BLE001 — see above
             pass
-        first = next((s for s in self.stages if s.partitioning is Partitioning.REVISION), None)
-        if first is None or not self.manifest.sources:
+        if not self.manifest.sources:
             return
+        jobs = {"revision_job": self.revision_job, "shard_job": self.shard_job, "snapshot_job": self.snapshot_job}
         try:
-            early = self.pass_assets(1)[0] or [first.asset]
-            self.subsets.subset(self.revision_job, frozenset(AssetKey(a) for a in early)).get_job_snapshot_id()
+            for job, assets in selections:
+                keys = frozenset(AssetKey(a) for a in assets)
+                self.subsets.subset(jobs[job], keys).get_subset(asset_selection=keys).get_job_snapshot_id()
             if not self.rerun:
                 freshness.plan(self.instance, self.stages, self.root, self.manifest,
                                Partition(self.manifest.name, self.manifest.sources[0].name), latest=self.latest)

@@ -406,8 +406,12 @@ def test_warm_writes_nothing_and_never_raises(tiny_run, monkeypatch):
     planned = []
     real_plan = freshness.plan
     monkeypatch.setattr(freshness, "plan", lambda *a, **k: (planned.append(a[4].key), real_plan(*a, **k))[1])
-    SnapshotRun(manifest, open_root(str(root)), instance, rerun=False).warm()
+    run = SnapshotRun(manifest, open_root(str(root)), instance, rerun=False)
+    run.warm(run.selections(1, snapshot="one"))
     assert planned == [f"tiny/{manifest.sources[0].name}"]
+    # the subsets of pass 1's runs are built and kept for them
+    assert {(job, frozenset(a)) for job, a in run.selections(1, snapshot="one")} == \
+        {(job, frozenset(k.to_user_string() for k in keys)) for job, keys in run.subsets._jobs}
     SnapshotRun(manifest, open_root(str(root)), instance, rerun=True).warm()
     assert len(planned) == 1  # nothing to plan when everything runs again
     assert state() == before
@@ -417,6 +421,35 @@ def test_warm_writes_nothing_and_never_raises(tiny_run, monkeypatch):
 
     monkeypatch.setattr(freshness, "plan", broken)
     assert SnapshotRun(manifest, open_root(str(root)), instance, rerun=False).warm() is None
+    run = SnapshotRun(manifest, open_root(str(root)), instance, rerun=False)
+    assert run.warm([("snapshot_job", ("no_such_asset",))]) is None and not run.subsets._jobs
+
+
+@pytest.mark.integration
+def test_the_selections_warmed_are_the_runs_of_a_fresh_pass(tiny_run):
+    """:meth:`SnapshotRun.selections` names the asset selections of the runs a fresh
+    ``megacpp run`` makes: per pass its revisions' early and late assets and its shards'
+    (:meth:`SnapshotRun.pass_assets`), and its snapshot assets as one run, or as the
+    last pass's :class:`SnapshotUnits` groups with the card alone."""
+    from megacpp_assets.snapshot_run import CARD, SnapshotRun, SnapshotUnits
+    from megacpp_core.manifest import load_manifest
+    from megacpp_core.storage import open_root
+
+    root, instance = tiny_run
+    manifest = load_manifest(root / "snapshots" / "tiny" / "manifest.yaml")
+    run = SnapshotRun(manifest, open_root(str(root)), instance, rerun=False)
+    last = len(run.passes)
+    assert last >= 2
+    for n in range(1, last + 1):
+        early, shard, late = run.pass_assets(n)
+        snap = [s.asset for s in run.passes[n - 1].snapshot] + [CARD] * (n == last)
+        units = [(j, tuple(a)) for j, a in (("revision_job", early), ("shard_job", shard), ("revision_job", late)) if a]
+        assert run.selections(n) == units
+        assert run.selections(n, snapshot="one") == units + [("snapshot_job", tuple(snap))]
+        assert run.selections(n, units=False, snapshot="one") == [("snapshot_job", tuple(snap))]
+    groups = [assets for assets, _ in SnapshotUnits(run, last, [s.asset for s in run.passes[-1].snapshot] + [CARD]).groups]
+    assert [a for _, a in run.selections(last, units=False, snapshot="groups")] == groups and groups[-1] == (CARD,)
+    assert run.selections(1) and ("shard_job", tuple(run.pass_assets(1)[1])) in run.selections(1)
 
 
 class _PassProbe:
