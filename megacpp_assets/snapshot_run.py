@@ -190,7 +190,7 @@ class SnapshotRun:
         and late assets and its shards' assets; its snapshot assets with ``snapshot``
         ``"one"`` (one run of them all, the card with the last pass's: :meth:`snapshot`)
         or ``"groups"`` (the last pass on workers: one run per :class:`SnapshotUnits`
-        group, the card alone)."""
+        group, the card alone or after a group no other group reads from)."""
         out: list[tuple[str, tuple[str, ...]]] = []
         if units:
             early, shard, late = self.pass_assets(n)
@@ -200,8 +200,12 @@ class SnapshotRun:
         if snapshot == "one":
             out.append(("snapshot_job", tuple(snap + [CARD] * last)))
         elif snapshot == "groups":
-            out += [("snapshot_job", g.assets) for g in snapshot_groups(snap, self.stages)]
-            out += [("snapshot_job", (CARD,))] * last
+            groups = snapshot_groups(snap, self.stages)
+            out += [("snapshot_job", g.assets) for g in groups]
+            if last:  # the card alone, or in the run of a group no other reads from (:class:`SnapshotUnits`)
+                read = {i for g in groups for i in g.after}
+                out += [("snapshot_job", (CARD,))] + [("snapshot_job", g.assets + (CARD,))
+                                                       for i, g in enumerate(groups) if i not in read]
         return [(job, assets) for job, assets in out if assets]
 
     def warm(self, selections: list[tuple[str, tuple[str, ...]]] = ()) -> None:
@@ -353,7 +357,8 @@ class SnapshotUnits:
     ``snapshot_job`` run per group of :func:`megacpp_core.stages.snapshot_groups`: a group
     starts once the groups it reads from are done, so no snapshot step waits for one it
     does not depend on (``p3_repo_dataset`` no longer waits for ``p2_file_dataset``); the
-    dataset card runs last, after every group. Of the groups that may start, the largest
+    dataset card runs last, after every group: in the run of the last group when that
+    group starts once every other has ended (one run fewer), else in a run of its own. Of the groups that may start, the largest
     starts first (:meth:`priority`, longest processing time first), so the pass does not
     end on a large group while the other workers wait."""
 
@@ -361,7 +366,9 @@ class SnapshotUnits:
         self.n = n
         groups = snapshot_groups([a for a in plan if a != CARD], run.stages)
         self.groups = [(g.assets, set(g.after)) for g in groups]
+        self._card = None
         if CARD in plan:
+            self._card = len(groups)
             self.groups.append(((CARD,), set(range(len(groups)))))
         self._index = {assets: i for i, (assets, _) in enumerate(self.groups)}
         self._bytes = _read_bytes(run, [assets for assets, _ in self.groups])
@@ -380,6 +387,14 @@ class SnapshotUnits:
     def _release(self) -> list[tuple]:
         out = [i for i, (_, after) in enumerate(self.groups) if i not in self._started and after <= self._done]
         self._started.update(out)
+        card = self._card
+        if card is not None and card not in self._started and len(out) == 1 and \
+                all(i in self._done or i == out[0] for i in range(card)):
+            # the last group but the card: the card runs in its run, after it (one run fewer)
+            self._started.add(card)
+            merged = self.groups[out[0]][0] + (CARD,)
+            self._index[merged] = out[0]
+            return [("snapshot_group", (self.n, merged))]
         return [("snapshot_group", (self.n, self.groups[i][0])) for i in out]
 
     def first(self) -> list[tuple]:
@@ -391,6 +406,8 @@ class SnapshotUnits:
         if not result:
             return False, []
         self._done.add(self._index[args[1]])
+        if args[1][-1:] == (CARD,):
+            self._done.add(self._card)
         return True, self._release()
 
 

@@ -214,6 +214,30 @@ def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure
     u = SnapshotUnits(run, 2, plan)
     u.first()
     assert u.done("snapshot_group", (2, ("chunk_dedup",)), False) == (False, [])
+    # the last group released once every other has ended carries the card in its run
+    u = SnapshotUnits(run, 2, plan)
+    u.first()
+    u.done("snapshot_group", (2, ("chunk_dedup",)), True)
+    for g in (("p2_file_dataset",), ("p3_repo_dataset",), ("p4_structure_dataset",), ("packed_rows", "megatron_dataset"),
+              ("p1_simple_dataset",)):
+        assert u.done("snapshot_group", (2, g), True) == (True, [])
+    ok, more = u.done("snapshot_group", (2, ("p1_docrich_dataset",)), True)
+    assert ok and more == [("snapshot_group", (2, ("blends", CARD)))]
+    assert u.priority(more[0]) == u.priority(("snapshot_group", (2, ("blends",))))
+    assert u.done("snapshot_group", (2, ("blends", CARD)), True) == (True, [])  # nothing left: the card ran
+    u = SnapshotUnits(run, 2, plan)
+    u.first()
+    u.done("snapshot_group", (2, ("chunk_dedup",)), True)
+    for g in (("p2_file_dataset",), ("p3_repo_dataset",), ("p4_structure_dataset",), ("packed_rows", "megatron_dataset"),
+              ("p1_simple_dataset",)):
+        u.done("snapshot_group", (2, g), True)
+    assert u.done("snapshot_group", (2, ("p1_docrich_dataset",)), True)[1] == [("snapshot_group", (2, ("blends", CARD)))]
+    assert u.done("snapshot_group", (2, ("blends", CARD)), False) == (False, [])  # a failed merged run stops the pass
+    # a plan without the card (the card current) never merges; the card alone is one group
+    u = SnapshotUnits(run, 2, [s.asset for s in phases()[1].snapshot])
+    assert all(CARD not in assets for _, (_, assets) in u.first())
+    u = SnapshotUnits(run, 2, [CARD])
+    assert u.first() == [("snapshot_group", (2, (CARD,)))] and u.done("snapshot_group", (2, (CARD,)), True) == (True, [])
 
 
 def test_snapshot_groups_that_may_start_go_largest_first_by_the_bytes_their_stages_read(tmp_path):
@@ -447,8 +471,12 @@ def test_the_selections_warmed_are_the_runs_of_a_fresh_pass(tiny_run):
         assert run.selections(n) == units
         assert run.selections(n, snapshot="one") == units + [("snapshot_job", tuple(snap))]
         assert run.selections(n, units=False, snapshot="one") == [("snapshot_job", tuple(snap))]
-    groups = [assets for assets, _ in SnapshotUnits(run, last, [s.asset for s in run.passes[-1].snapshot] + [CARD]).groups]
-    assert [a for _, a in run.selections(last, units=False, snapshot="groups")] == groups and groups[-1] == (CARD,)
+    units = SnapshotUnits(run, last, [s.asset for s in run.passes[-1].snapshot] + [CARD])
+    groups = [assets for assets, _ in units.groups]
+    read = {i for _, after in units.groups[:-1] for i in after}
+    sinks = [assets + (CARD,) for i, (assets, _) in enumerate(units.groups[:-1]) if i not in read]
+    assert [a for _, a in run.selections(last, units=False, snapshot="groups")] == groups + sinks
+    assert groups[-1] == (CARD,) and ("blends", CARD) in sinks
     assert run.selections(1) and ("shard_job", tuple(run.pass_assets(1)[1])) in run.selections(1)
 
 
