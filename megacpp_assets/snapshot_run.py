@@ -374,6 +374,7 @@ class SnapshotUnits:
         self._bytes = _read_bytes(run, [assets for assets, _ in self.groups])
         self._started: set[int] = set()
         self._done: set[int] = set()
+        self.runs = 0  # the runs released so far
 
     def priority(self, unit: tuple) -> tuple[int, int]:
         """The order key of a group's unit for :meth:`WorkerPool.run_units` (largest
@@ -394,7 +395,9 @@ class SnapshotUnits:
             self._started.add(card)
             merged = self.groups[out[0]][0] + (CARD,)
             self._index[merged] = out[0]
+            self.runs += 1
             return [("snapshot_group", (self.n, merged))]
+        self.runs += len(out)
         return [("snapshot_group", (self.n, self.groups[i][0])) for i in out]
 
     def first(self) -> list[tuple]:
@@ -654,7 +657,7 @@ def run_passes(run: SnapshotRun, workers: int) -> bool:
                 steps = SnapshotUnits(run, n, plan)
                 if not pool.run_units(steps.first(), steps.done, steps.priority):
                     return False
-                print(f"pass {n}: snapshot steps in {len(steps.groups)} runs on {workers} workers in "
+                print(f"pass {n}: snapshot steps in {steps.runs} runs on {workers} workers in "
                       f"{time.perf_counter() - t:.1f}s", flush=True)
         return True
     finally:

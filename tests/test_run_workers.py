@@ -209,7 +209,7 @@ def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure
     assert ok and names(more) == ["blends"]
     assert u.done("snapshot_group", (2, ("blends",)), True) == (True, [])
     ok, more = u.done("snapshot_group", (2, ("packed_rows", "megatron_dataset")), True)
-    assert ok and more == [("snapshot_group", (2, (CARD,)))]
+    assert ok and more == [("snapshot_group", (2, (CARD,)))] and u.runs == len(u.groups)
     # a failure releases nothing
     u = SnapshotUnits(run, 2, plan)
     u.first()
@@ -225,6 +225,7 @@ def test_snapshot_units_release_groups_in_dependency_order_and_stop_at_a_failure
     assert ok and more == [("snapshot_group", (2, ("blends", CARD)))]
     assert u.priority(more[0]) == u.priority(("snapshot_group", (2, ("blends",))))
     assert u.done("snapshot_group", (2, ("blends", CARD)), True) == (True, [])  # nothing left: the card ran
+    assert u.runs == len(u.groups) - 1
     u = SnapshotUnits(run, 2, plan)
     u.first()
     u.done("snapshot_group", (2, ("chunk_dedup",)), True)
