@@ -21,7 +21,7 @@ downstream of them in the same job, and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from megacpp_assets.factory import GATES_TAG, INPUTS_TAG, SETTINGS_TAG, LatestMaterializations, inputs_fingerprint
@@ -91,18 +91,21 @@ def stage_staleness(instance, stage: Stage, root: DataRoot, manifest: Manifest, 
 
 def plan(instance, stages: tuple[Stage, ...], root: DataRoot, manifest: Manifest, partition: Partition,
          extra: dict[str, tuple[str, list[str], Callable[[], bool]]] | None = None,
-         latest: LatestMaterializations | None = None) -> list[Staleness]:
+         latest: LatestMaterializations | None = None, only: Collection[str] | None = None) -> list[Staleness]:
     """The assets of ``stages`` with ``partition``'s partitioning to materialize for it: the
     out-of-date ones and everything downstream of them (registry order). ``extra``: assets
     outside the registry, ``{asset: (code_version, upstream assets, exists())}`` (the
     dataset card). ``latest``: a materialization index kept across plans (``megacpp run``
     keeps one per process); it is refreshed here, so what runs materialized since the
-    last plan counts."""
+    last plan counts. ``only``: the assets to plan (``megacpp run`` plans the assets of
+    one pass; those of earlier passes were planned, and made current, by those passes):
+    the others are not looked at, so none of them makes one of these downstream of it
+    (each is still out of date by its own rules, upstream data versions included)."""
     if latest is None:
         latest = LatestMaterializations(instance, kept=True)
     latest.refresh()
     producers = stage_registry.producers(stages)
-    mine = [s for s in stages if s.partitioning is partition.partitioning]
+    mine = [s for s in stages if s.partitioning is partition.partitioning and (only is None or s.asset in only)]
     out: list[Staleness] = []
     chosen: set[str] = set()
     for s in mine:

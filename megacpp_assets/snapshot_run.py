@@ -249,8 +249,7 @@ class SnapshotRun:
         if self.rerun:
             return assets
         return [x.asset for x in freshness.plan(self.instance, self.stages, self.root, self.manifest, part,
-                                                latest=self.latest)
-                if x.asset in assets]
+                                                latest=self.latest, only=assets)]
 
     def _materialize(self, job, part, assets, label, say_skip=True, todo=None) -> bool:
         todo = self._out_of_date(part, assets) if todo is None else todo

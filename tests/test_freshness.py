@@ -124,3 +124,40 @@ def test_a_multi_file_output_without_its_commit_marker_is_out_of_date(fresh_tiny
         assert why == "output megatron is missing from the data root"
     finally:
         sidecar.write_bytes(saved)
+
+
+def test_a_plan_of_one_pass_looks_at_that_pass_alone(fresh_tiny):
+    """``plan(only=…)`` (``megacpp run`` plans one pass's assets of a partition) plans those
+    assets by the same rules, and does not look at the others: a stage of an earlier pass
+    that is out of date (not re-run yet) makes nothing of the later pass downstream of it,
+    since each of those is out of date by its own rules (its inputs' data versions
+    included); the earlier pass's own plan finds it. It reads fewer materializations."""
+    from megacpp_assets.factory import LatestMaterializations
+    from megacpp_core.stages import phases
+
+    root, instance, _ = fresh_tiny
+    shard = Partition("tiny", "lz4-4.4.5", "000")
+    first, second = ([s.asset for s in ph.shard] for ph in phases()[:2])
+    bumped = tuple(dataclasses.replace(s, code_version="next") if s.name == "scrub" else s for s in STAGES)
+    was = next(s.code_version for s in STAGES if s.name == "scrub")
+    m = load_manifest("tiny")
+    whole = [(t.asset, t.reason) for t in plan(instance, bumped, DataRoot(root), m, shard)]
+    assert whole[0] == ("scrubbed_files", f"code version {was} → next")
+    assert {a for a, _ in whole} >= {"minhash_signatures", "chunked_documents", "tokenized_documents"}
+    got = [(t.asset, t.reason) for t in plan(instance, bumped, DataRoot(root), m, shard, only=first)]
+    assert got == [x for x in whole if x[0] in first]
+    assert plan(instance, bumped, DataRoot(root), m, shard, only=second) == []  # current by their own rules
+    assert plan(instance, STAGES, DataRoot(root), m, shard, only=second) == []
+
+    class Counted(LatestMaterializations):
+        reads = 0
+
+        def get_many(self, asset, partitions):
+            Counted.reads += len(partitions)
+            return super().get_many(asset, partitions)
+
+    plan(instance, STAGES, DataRoot(root), m, shard, latest=Counted(instance, kept=True))
+    every = Counted.reads
+    Counted.reads = 0
+    plan(instance, STAGES, DataRoot(root), m, shard, latest=Counted(instance, kept=True), only=second)
+    assert 0 < Counted.reads < every
