@@ -74,7 +74,13 @@ import sqlalchemy as sa
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from dagster import DagsterEventType, Enum, EnumValue, Field, StringSource
-from dagster._core.storage.event_log.schema import AssetKeyTable, DynamicPartitionsTable, SqlEventLogStorageMetadata
+from dagster._core.storage.event_log.schema import (
+    AssetEventTagsTable,
+    AssetKeyTable,
+    DynamicPartitionsTable,
+    SqlEventLogStorageMetadata,
+    SqlEventLogStorageTable,
+)
 from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
@@ -139,6 +145,24 @@ _HAS_DYNAMIC_PARTITION = (
 _ASSET_DETAILS = (
     sa.select(AssetKeyTable.c.asset_key, AssetKeyTable.c.asset_details)
     .where(AssetKeyTable.c.asset_key.in_(sa.bindparam("keys", expanding=True))))
+
+
+#: :meth:`PooledSqliteEventLogStorage.get_latest_tags_by_partition`'s query (Dagster's own
+#: for named partitions of one event type and no cursor: each partition's latest event of
+#: ``asset_key`` and ``event_type``, joined to its indexed tags named in ``tag_keys``),
+#: built and compiled once per process.
+_LATEST_EVENT_BY_PARTITION = (
+    sa.select(SqlEventLogStorageTable.c.partition, sa.func.max(SqlEventLogStorageTable.c.id).label("id"))
+    .where(SqlEventLogStorageTable.c.asset_key == sa.bindparam("asset_key"),
+           SqlEventLogStorageTable.c.partition.in_(sa.bindparam("partitions", expanding=True)),
+           SqlEventLogStorageTable.c.dagster_event_type == sa.bindparam("event_type"))
+    .group_by(SqlEventLogStorageTable.c.partition)
+    .subquery())
+_LATEST_TAGS_BY_PARTITION = (
+    sa.select(_LATEST_EVENT_BY_PARTITION.c.partition, AssetEventTagsTable.c.key, AssetEventTagsTable.c.value)
+    .select_from(_LATEST_EVENT_BY_PARTITION.join(AssetEventTagsTable,
+                                                 AssetEventTagsTable.c.event_id == _LATEST_EVENT_BY_PARTITION.c.id))
+    .where(AssetEventTagsTable.c.key.in_(sa.bindparam("tag_keys", expanding=True))))
 
 
 class PooledSqliteEventLogStorage(SqliteEventLogStorage):
@@ -295,6 +319,32 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             rows = conn.execute(_ASSET_DETAILS, {"keys": names}).fetchall()
         details = {key: deserialize_value(value, AssetDetails) if value else None for key, value in rows}
         return [details.get(name) for name in names]
+
+    def get_latest_tags_by_partition(self, asset_key, event_type, tag_keys, asset_partitions=None,
+                                     before_cursor=None, after_cursor=None):
+        """``{partition: {tag: value}}`` of the latest ``event_type`` event of each of
+        ``asset_partitions`` of ``asset_key``, for the indexed ``tag_keys``, as the stock
+        method answers it. Named partitions without a cursor, of an asset never wiped (the
+        asked case: a step's input data versions, Dagster's and ours) are read with one
+        statement built once (:data:`_LATEST_TAGS_BY_PARTITION`; Dagster's own query for
+        that case): about 800 calls in a ``default`` run, 0.58 ms each with the statement
+        built at each call against 0.16 ms with the wipe details. Any other case is the
+        stock method's (which also refuses tags Dagster does not index). Nothing is cached."""
+        if (not asset_partitions or before_cursor is not None or after_cursor is not None or not tag_keys
+                or len(tag_keys) != len(self.get_asset_tags_to_index(set(tag_keys)))):
+            return super().get_latest_tags_by_partition(asset_key, event_type, tag_keys, asset_partitions,
+                                                        before_cursor, after_cursor)
+        details = self._get_assets_details([asset_key])[0]
+        if details is not None and details.last_wipe_timestamp:
+            return super().get_latest_tags_by_partition(asset_key, event_type, tag_keys, asset_partitions)
+        with self.index_connection() as conn:
+            rows = conn.execute(_LATEST_TAGS_BY_PARTITION, {
+                "asset_key": asset_key.to_string(), "partitions": list(asset_partitions),
+                "event_type": event_type.value, "tag_keys": list(tag_keys)}).fetchall()
+        out: dict[str, dict[str, str]] = {}
+        for partition, key, value in rows:
+            out.setdefault(partition, {})[key] = value
+        return out
 
     def has_secondary_index(self, name: str) -> bool:
         """Whether Dagster's data migration ``name`` of the index database is complete, as

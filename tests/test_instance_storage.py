@@ -765,3 +765,50 @@ def test_asset_details_and_secondary_indexes_answer_as_the_stock_storage(tmp_pat
             SqliteEventLogStorage.has_secondary_index = real
         assert asked == ["megacpp_not_done", "megacpp_not_done"]  # a true answer from before; a false one each time
         stock.dispose()
+
+
+def test_latest_tags_by_partition_answer_as_the_stock_storage(tmp_path):
+    """The indexed tags of each partition's latest event (read for every step's input data
+    versions; one statement built once) are the stock storage's: several partitions, one
+    never seen, a latest event without the tag (an older event's tag is not used),
+    observations apart from materializations, two indexed tag keys (one absent), an empty list, a
+    cursor, a wiped and re-materialized asset (the stock method then), and the same
+    refusal of a tag Dagster does not index."""
+    from dagster import AssetKey, AssetMaterialization, AssetObservation, DagsterEventType, DagsterInstance
+    from dagster._check import CheckError
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    write_instance_config(tmp_path)
+    V, D = "dagster/data_version", "dagster/partition/revision"
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as pooled:
+        report = pooled.report_runless_asset_event
+        for p, v in (("s/a", "1"), ("s/b", "1"), ("s/a", "2"), ("s/c", "1")):
+            report(AssetMaterialization("x", partition=p, tags={V: v}))
+        report(AssetMaterialization("x", partition="s/c"))  # latest of s/c: no tags
+        report(AssetObservation("x", partition="s/b", tags={V: "obs"}))
+        stock = SqliteEventLogStorage(str(tmp_path / "history" / "runs"))
+        ours = pooled.event_log_storage
+        M, O = DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_OBSERVATION
+        parts = ["s/a", "s/b", "s/c", "s/never", "s/a"]
+
+        def both(*args, **kwargs):
+            got = ours.get_latest_tags_by_partition(*args, **kwargs)
+            assert got == stock.get_latest_tags_by_partition(*args, **kwargs), (args, kwargs)
+            return got
+
+        assert both(AssetKey("x"), M, [V], asset_partitions=parts) == {"s/a": {V: "2"}, "s/b": {V: "1"}}
+        assert both(AssetKey("x"), M, [V, D], asset_partitions=parts) == {"s/a": {V: "2"}, "s/b": {V: "1"}}
+        assert both(AssetKey("x"), O, [V], asset_partitions=parts) == {"s/b": {V: "obs"}}
+        assert both(AssetKey("y"), M, [V], asset_partitions=parts) == {}
+        assert both(AssetKey("x"), M, [V], asset_partitions=[]) == {}
+        both(AssetKey("x"), M, [V])
+        cursor = pooled.fetch_materializations(AssetKey("x"), limit=10).records[-1].storage_id
+        both(AssetKey("x"), M, [V], asset_partitions=parts, after_cursor=cursor)
+        both(AssetKey("x"), M, [V], asset_partitions=parts, before_cursor=cursor + 2)
+        pooled.wipe_assets([AssetKey("x")])
+        report(AssetMaterialization("x", partition="s/b", tags={V: "3"}))
+        assert both(AssetKey("x"), M, [V], asset_partitions=parts) == {"s/b": {V: "3"}}
+        for storage in (ours, stock):
+            with pytest.raises(CheckError):
+                storage.get_latest_tags_by_partition(AssetKey("x"), M, ["megacpp/not-indexed"], asset_partitions=parts)
+        stock.dispose()
