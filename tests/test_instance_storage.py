@@ -772,8 +772,10 @@ def test_latest_tags_by_partition_answer_as_the_stock_storage(tmp_path):
     versions; one statement built once) are the stock storage's: several partitions, one
     never seen, a latest event without the tag (an older event's tag is not used),
     observations apart from materializations, two indexed tag keys (one absent), an empty list, a
-    cursor, a wiped and re-materialized asset (the stock method then), and the same
-    refusal of a tag Dagster does not index."""
+    cursor, a wiped and re-materialized asset with an event from before the wipe left in
+    the index (the stock method then), and the same refusal of a tag Dagster does not index."""
+    import sqlite3
+
     from dagster import AssetKey, AssetMaterialization, AssetObservation, DagsterEventType, DagsterInstance
     from dagster._check import CheckError
     from dagster._core.storage.event_log import SqliteEventLogStorage
@@ -805,10 +807,79 @@ def test_latest_tags_by_partition_answer_as_the_stock_storage(tmp_path):
         cursor = pooled.fetch_materializations(AssetKey("x"), limit=10).records[-1].storage_id
         both(AssetKey("x"), M, [V], asset_partitions=parts, after_cursor=cursor)
         both(AssetKey("x"), M, [V], asset_partitions=parts, before_cursor=cursor + 2)
+        index = tmp_path / "history" / "runs" / "index.db"
+        with sqlite3.connect(index) as c:
+            before = c.execute("SELECT event, timestamp FROM event_logs WHERE partition = 's/a' AND "
+                               "dagster_event_type = 'ASSET_MATERIALIZATION' ORDER BY id LIMIT 1").fetchone()
         pooled.wipe_assets([AssetKey("x")])
         report(AssetMaterialization("x", partition="s/b", tags={V: "3"}))
+        with sqlite3.connect(index) as c:  # an event from before the wipe left in the index, with its tag
+            row = c.execute("INSERT INTO event_logs (run_id, event, dagster_event_type, timestamp, asset_key, partition) "
+                            "VALUES ('', ?, 'ASSET_MATERIALIZATION', ?, '[\"x\"]', 's/a')", before).lastrowid
+            c.execute("INSERT INTO asset_event_tags (event_id, asset_key, key, value, event_timestamp) "
+                      "VALUES (?, '[\"x\"]', ?, 'old', ?)", (row, V, before[1]))
         assert both(AssetKey("x"), M, [V], asset_partitions=parts) == {"s/b": {V: "3"}}
         for storage in (ours, stock):
             with pytest.raises(CheckError):
                 storage.get_latest_tags_by_partition(AssetKey("x"), M, ["megacpp/not-indexed"], asset_partitions=parts)
+        stock.dispose()
+
+
+def test_materializations_of_named_partitions_read_as_the_stock_storage_reads_them(tmp_path):
+    """An asset's materializations in named partitions (each check's target; one statement
+    built once) are the stock storage's records, cursor and ``has_more``: newest or oldest
+    first, limits under and over the count, partitions never seen, a row that is not
+    JSON and one that is not an event (skipped by both), and the stock method's cases
+    (a cursor, storage ids, timestamps, a bare asset key, a wiped asset) left to it."""
+    import sqlite3
+
+    from dagster import AssetKey, AssetMaterialization, AssetRecordsFilter, DagsterInstance
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    write_instance_config(tmp_path)
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as pooled:
+        for i, p in enumerate(("s/a", "s/b", "s/a", "s/c", "s/a")):
+            pooled.report_runless_asset_event(AssetMaterialization("x", partition=p, metadata={"i": i}))
+        pooled.report_runless_asset_event(AssetMaterialization("y", partition="s/a"))
+        index = tmp_path / "history" / "runs" / "index.db"
+        with sqlite3.connect(index) as c:  # two hostile rows, in partition s/a of x
+            c.execute("INSERT INTO event_logs (run_id, event, dagster_event_type, timestamp, asset_key, partition) "
+                      "VALUES ('', '{not json', 'ASSET_MATERIALIZATION', '2026-01-01 00:00:00', '[\"x\"]', 's/a')")
+            c.execute("INSERT INTO event_logs (run_id, event, dagster_event_type, timestamp, asset_key, partition) "
+                      "VALUES ('', '{\"__class__\": \"AssetKey\", \"path\": [\"z\"]}', 'ASSET_MATERIALIZATION', "
+                      "'2026-01-01 00:00:00', '[\"x\"]', 's/a')")
+        stock = SqliteEventLogStorage(str(tmp_path / "history" / "runs"))
+        ours = pooled.event_log_storage
+        parts = ["s/a", "s/c", "s/never"]
+        newest = None
+        for limit in (1, 2, 3, 50):
+            for ascending in (False, True):
+                f = AssetRecordsFilter(asset_key=AssetKey("x"), asset_partitions=parts)
+                got = ours.fetch_materializations(f, limit, ascending=ascending)
+                assert got == stock.fetch_materializations(f, limit, ascending=ascending), (limit, ascending)
+                if limit == 50 and not ascending:
+                    newest = got
+        assert [r.asset_materialization.metadata["i"].value for r in newest.records] == [4, 3, 2, 0]
+        assert not newest.has_more
+        cursor = newest.cursor
+        x, a = AssetKey("x"), ["s/a"]
+        for f, kw in ((AssetRecordsFilter(asset_key=x, asset_partitions=a), {"cursor": cursor}),
+                      (AssetRecordsFilter(asset_key=x, asset_partitions=a, storage_ids=[1, 3]), {}),
+                      (AssetRecordsFilter(asset_key=x, asset_partitions=a, after_storage_id=1), {}),
+                      (AssetRecordsFilter(asset_key=x, asset_partitions=a, before_timestamp=4e9), {}),
+                      (AssetRecordsFilter(asset_key=x), {}), (x, {}),
+                      (AssetRecordsFilter(asset_key=AssetKey("y"), asset_partitions=["s/a", "s/b"]), {})):
+            assert ours.fetch_materializations(f, 10, **kw) == stock.fetch_materializations(f, 10, **kw), f
+        with sqlite3.connect(index) as c:
+            before = c.execute("SELECT event, timestamp FROM event_logs WHERE asset_key = '[\"x\"]' AND partition = 's/a' "
+                               "AND event LIKE '{%' ORDER BY id LIMIT 1").fetchone()
+        pooled.wipe_assets([x])
+        pooled.report_runless_asset_event(AssetMaterialization("x", partition="s/a", metadata={"i": 9}))
+        with sqlite3.connect(index) as c:  # an event from before the wipe left in the index: filtered by its time
+            c.execute("INSERT INTO event_logs (run_id, event, dagster_event_type, timestamp, asset_key, partition) "
+                      "VALUES ('', ?, 'ASSET_MATERIALIZATION', ?, '[\"x\"]', 's/a')", before)
+        f = AssetRecordsFilter(asset_key=x, asset_partitions=parts)
+        got = ours.fetch_materializations(f, 10)
+        assert got == stock.fetch_materializations(f, 10)
+        assert [r.asset_materialization.metadata["i"].value for r in got.records] == [9]
         stock.dispose()
