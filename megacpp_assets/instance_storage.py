@@ -62,6 +62,7 @@ a tool that opens the instance with ``DagsterInstance.from_config(path)`` sets
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import tempfile
 import threading
@@ -69,11 +70,16 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
+import dagster_shared.seven as seven
 import sqlalchemy as sa
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from dagster import DagsterEventType, Enum, EnumValue, Field, StringSource
+from dagster._core.event_api import AssetRecordsFilter, EventRecordsResult
+from dagster._core.events.log import EventLogEntry
+from dagster._core.storage.event_log.base import AssetDetails, EventLogCursor, EventLogRecord
 from dagster._core.storage.event_log.schema import (
     AssetEventTagsTable,
     AssetKeyTable,
@@ -81,6 +87,7 @@ from dagster._core.storage.event_log.schema import (
     SqlEventLogStorageMetadata,
     SqlEventLogStorageTable,
 )
+from dagster._core.storage.event_log.sql_event_log import enforce_max_records_limit
 from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     INDEX_SHARD_NAME,
@@ -91,7 +98,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
 from dagster._core.storage.runs.sqlite.sqlite_run_storage import SqliteRunStorage
 from dagster._core.storage.sql import get_alembic_config
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
-from dagster._serdes import ConfigurableClassData
+from dagster._serdes import ConfigurableClassData, deserialize_value
 from watchdog.observers import Observer
 
 #: The events that end a run (its WAL is then checkpointed: ``store_event``).
@@ -324,9 +331,6 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         filter (the latest materialization of a partition, a check's target, the data
         versions of a step's inputs): about 1,500 times in a ``default`` run. Nothing is
         cached; each call reads the table."""
-        from dagster._core.storage.event_log.base import AssetDetails
-        from dagster._serdes import deserialize_value
-
         names = [k.to_string() for k in asset_keys]
         with self.index_connection() as conn:
             rows = conn.execute(_ASSET_DETAILS, {"keys": names}).fetchall()
@@ -367,15 +371,11 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         with one statement built once (:data:`_EVENTS_IN_PARTITIONS`; Dagster's own query
         for that case) and each row read back as the stock method reads it: about 500
         calls in a ``default`` run. Any other case is the stock method's. Nothing is cached."""
-        from dagster._core.event_api import AssetRecordsFilter
-
         f = records_filter
         if (not isinstance(f, AssetRecordsFilter) or cursor is not None or not f.asset_partitions or not limit
                 or any(x is not None for x in (f.after_timestamp, f.before_timestamp, f.after_storage_id,
                                                f.before_storage_id, f.storage_ids))):
             return super().fetch_materializations(records_filter, limit, cursor, ascending)
-        from dagster._core.storage.event_log.sql_event_log import enforce_max_records_limit
-
         enforce_max_records_limit(limit)
         details = self._get_assets_details([f.asset_key])[0]
         if details is not None and details.last_wipe_timestamp:
@@ -447,15 +447,6 @@ def _records_result(rows, limit: int):
     cursor): each event read back (a row that is not an event, or not JSON, skipped with
     the stock warning), the cursor after the last record (or the stock empty cursor), and
     ``has_more`` when the limit was reached."""
-    import logging
-    from typing import NamedTuple
-
-    import dagster_shared.seven as seven
-    from dagster._core.event_api import EventRecordsResult
-    from dagster._core.events.log import EventLogEntry
-    from dagster._core.storage.event_log.base import EventLogCursor, EventLogRecord
-    from dagster._serdes import deserialize_value
-
     records = []
     for row_id, json_str in rows:
         try:
