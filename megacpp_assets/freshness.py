@@ -100,7 +100,9 @@ def plan(instance, stages: tuple[Stage, ...], root: DataRoot, manifest: Manifest
     last plan counts. ``only``: the assets to plan (``megacpp run`` plans the assets of
     one pass; those of earlier passes were planned, and made current, by those passes):
     the others are not looked at, so none of them makes one of these downstream of it
-    (each is still out of date by its own rules, upstream data versions included)."""
+    (each is still out of date by its own rules, upstream data versions included). It
+    is for a caller that has just run the earlier passes of the same snapshot; a plan
+    meant to say everything that is out of date (a status) passes no ``only``."""
     if latest is None:
         latest = LatestMaterializations(instance, kept=True)
     latest.refresh()

@@ -76,7 +76,8 @@ import dagster_shared.seven as seven
 import sqlalchemy as sa
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from dagster import DagsterEventType, Enum, EnumValue, Field, StringSource
+from dagster import AssetKey, DagsterEventType, Enum, EnumValue, Field, StringSource
+from dagster import _check as check
 from dagster._core.event_api import AssetRecordsFilter, EventRecordsResult
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.event_log.base import AssetDetails, EventLogCursor, EventLogRecord
@@ -331,6 +332,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         filter (the latest materialization of a partition, a check's target, the data
         versions of a step's inputs): about 1,500 times in a ``default`` run. Nothing is
         cached; each call reads the table."""
+        check.sequence_param(asset_keys, "asset_key", AssetKey)  # the stock method's argument check
         names = [k.to_string() for k in asset_keys]
         with self.index_connection() as conn:
             rows = conn.execute(_ASSET_DETAILS, {"keys": names}).fetchall()
@@ -347,6 +349,10 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         that case): about 800 calls in a ``default`` run, 0.58 ms each with the statement
         built at each call against 0.16 ms with the wipe details. Any other case is the
         stock method's (which also refuses tags Dagster does not index). Nothing is cached."""
+        check.inst_param(asset_key, "asset_key", AssetKey)  # the stock method's argument checks
+        check.inst_param(event_type, "event_type", DagsterEventType)
+        check.sequence_param(tag_keys, "tag_keys", of_type=str)
+        check.opt_nullable_sequence_param(asset_partitions, "asset_partitions", of_type=str)
         if (not asset_partitions or before_cursor is not None or after_cursor is not None or not tag_keys
                 or len(tag_keys) != len(self.get_asset_tags_to_index(set(tag_keys)))):
             return super().get_latest_tags_by_partition(asset_key, event_type, tag_keys, asset_partitions,
@@ -372,7 +378,8 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         for that case) and each row read back as the stock method reads it: about 500
         calls in a ``default`` run. Any other case is the stock method's. Nothing is cached."""
         f = records_filter
-        if (not isinstance(f, AssetRecordsFilter) or cursor is not None or not f.asset_partitions or not limit
+        if (not isinstance(f, AssetRecordsFilter) or cursor is not None or not f.asset_partitions
+                or not isinstance(limit, int) or not isinstance(ascending, bool) or not limit
                 or any(x is not None for x in (f.after_timestamp, f.before_timestamp, f.after_storage_id,
                                                f.before_storage_id, f.storage_ids))):
             return super().fetch_materializations(records_filter, limit, cursor, ascending)

@@ -63,18 +63,26 @@ class JobSubsets:
 
     def __init__(self, instance: DagsterInstance):
         self.instance = instance
-        self._jobs: dict[tuple[str, frozenset[AssetKey]], JobDefinition] = {}
+        # (id of the job definition, selection) -> (that definition, its kept subset); the
+        # definition is held so that its id is not reused while the entry lives
+        self._jobs: dict[tuple[int, frozenset[AssetKey]], tuple[JobDefinition, JobDefinition]] = {}
 
     def subset(self, job: JobDefinition, selection: frozenset[AssetKey]) -> JobDefinition:
         """``job``'s in-process copy subset to ``selection``, as ``execute_in_process``
-        builds it (``as_ephemeral_job`` without extra resources or inputs), built on first use."""
-        key = (job.name, selection)
+        builds it (``as_ephemeral_job`` without extra resources or inputs), built on first
+        use. Kept per job definition (two definitions with the same job name, such as a
+        variant of the registry's, are two jobs)."""
+        key = (id(job), selection)
         got = self._jobs.get(key)
         if got is None:
-            got = job.as_ephemeral_job(resource_defs={}, input_values={}, asset_selection=sorted(selection))
-            got.__class__ = _SelectionJob  # the same object; its re-subsets kept (module docstring)
-            self._jobs[key] = got
-        return got
+            sub = job.as_ephemeral_job(resource_defs={}, input_values={}, asset_selection=sorted(selection))
+            sub.__class__ = _SelectionJob  # the same object; its re-subsets kept (module docstring)
+            got = self._jobs[key] = (job, sub)
+        return got[1]
+
+    def kept(self) -> list[tuple[str, frozenset[AssetKey]]]:
+        """``(job name, selection)`` of every subset kept, in the order they were built."""
+        return [(job.name, selection) for (_, selection), (job, _) in self._jobs.items()]
 
     def execute(self, job: JobDefinition, partition_key: str, assets: Iterable[str],
                 run_config: Mapping[str, Any]):

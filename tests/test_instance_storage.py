@@ -883,3 +883,28 @@ def test_materializations_of_named_partitions_read_as_the_stock_storage_reads_th
         assert got == stock.fetch_materializations(f, 10)
         assert [r.asset_materialization.metadata["i"].value for r in got.records] == [9]
         stock.dispose()
+
+
+def test_wrong_arguments_are_refused_as_the_stock_storage_refuses_them(tmp_path):
+    """The event-log reads with a statement built once check their arguments as the stock
+    methods do: a string where a list of partitions is expected, a set of asset keys, a
+    string event type and a non-boolean order are refused, not read."""
+    from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
+    from dagster._check import CheckError
+    from dagster._core.storage.event_log import SqliteEventLogStorage
+
+    write_instance_config(tmp_path)
+    with environ(DAGSTER_HOME=str(tmp_path)), DagsterInstance.get() as pooled:
+        stock = SqliteEventLogStorage(str(tmp_path / "history" / "runs"))
+        V, M = "dagster/data_version", DagsterEventType.ASSET_MATERIALIZATION
+        calls = [lambda s: s.get_latest_tags_by_partition(AssetKey("x"), M, [V], asset_partitions="ab"),
+                 lambda s: s.get_latest_tags_by_partition(AssetKey("x"), "ASSET_MATERIALIZATION", [V], asset_partitions=["a"]),
+                 lambda s: s.get_latest_tags_by_partition("x", M, [V], asset_partitions=["a"]),
+                 lambda s: s._get_assets_details({AssetKey("x")}),
+                 lambda s: s.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("x"), asset_partitions=["a"]),
+                                                   1, ascending=None)]
+        for call in calls:
+            for storage in (pooled.event_log_storage, stock):
+                with pytest.raises(CheckError):
+                    call(storage)
+        stock.dispose()

@@ -23,6 +23,7 @@ def _instance():
     instance = DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("repo_revision", ["tiny/lz4-4.4.5"])
     instance.add_dynamic_partitions("shard", ["000"])
+    instance.add_dynamic_partitions("snapshot", ["tiny"])
     return instance
 
 
@@ -46,31 +47,56 @@ def _run_facts(instance, result):
 
 
 @pytest.mark.integration
-def test_a_kept_subset_stores_the_run_execute_in_process_stores(tiny_run, tmp_path, monkeypatch):
+@pytest.mark.parametrize("job_name, key, assets", [
+    ("shard_job", SHARD, ASSETS),
+    ("revision_job", "tiny/lz4-4.4.5", ("compile_commands", "semantic_graph")),
+    ("snapshot_job", "tiny", ("blends", "dataset_card")),  # the last snapshot group with the card
+])
+def test_a_kept_subset_stores_the_run_execute_in_process_stores(tiny_run, tmp_path, monkeypatch, job_name, key, assets):
     copy = copy_of_tiny(tiny_run, tmp_path)
-    job = defs.resolve_job_def("shard_job")
+    job = defs.resolve_job_def(job_name)
     with environ(MEGACPP_DATA_ROOT=str(copy)):
         with _instance() as instance:
-            stock = job.execute_in_process(instance=instance, partition_key=SHARD, run_config=QUIET,
-                                           raise_on_error=False, asset_selection=[AssetKey(a) for a in ASSETS])
+            stock = job.execute_in_process(instance=instance, partition_key=key, run_config=QUIET,
+                                           raise_on_error=False, asset_selection=[AssetKey(a) for a in assets])
             want = _run_facts(instance, stock)
         with _instance() as instance:
             subsets = JobSubsets(instance)
-            first = subsets.execute(job, SHARD, list(ASSETS), QUIET)
-            kept = subsets.subset(job, frozenset(AssetKey(a) for a in ASSETS))
+            first = subsets.execute(job, key, list(assets), QUIET)
+            kept = subsets.subset(job, frozenset(AssetKey(a) for a in assets))
             built = []
             real = JobSnap.from_job_def
             with monkeypatch.context() as m:  # the second run builds no job snapshot: its subset and Dagster's re-subset are kept
                 m.setattr(JobSnap, "from_job_def", staticmethod(lambda *a, **k: built.append(1) or real(*a, **k)))
-                again = subsets.execute(job, SHARD, list(reversed(ASSETS)), QUIET)  # the same selection, another order
+                again = subsets.execute(job, key, list(reversed(assets)), QUIET)  # the same selection, another order
             assert built == []
-            assert subsets.subset(job, frozenset(AssetKey(a) for a in ASSETS)) is kept  # built once
+            assert subsets.subset(job, frozenset(AssetKey(a) for a in assets)) is kept  # built once
             got = [_run_facts(instance, r) for r in (first, again)]
     assert stock.success and first.success and again.success
-    assert want["selection"] == {AssetKey(a) for a in ASSETS} and want["tags"]["dagster/partition"] == SHARD
-    assert want["materializations"] == [(a, SHARD) for a in sorted(ASSETS)] and want["checks"]
+    assert want["selection"] == {AssetKey(a) for a in assets} and want["tags"]["dagster/partition"] == key
+    assert want["materializations"] == [(a, key) for a in sorted(assets)]
     assert got[0] == want
     assert got[1] == want
+
+
+def test_the_same_job_name_in_other_definitions_is_another_job():
+    """Subsets are kept per job definition, not per name: a variant of the registry (its
+    own definitions, the same job names) gets its own subset."""
+    import dataclasses
+
+    from megacpp_assets.definitions import build_definitions
+    from megacpp_core.stages import STAGES
+
+    variant = build_definitions(tuple(dataclasses.replace(s, code_version="other") if s.name == "scrub" else s
+                                      for s in STAGES)).resolve_job_def("shard_job")
+    job = defs.resolve_job_def("shard_job")
+    selection = frozenset(AssetKey(a) for a in ASSETS)
+    with DagsterInstance.ephemeral() as instance:
+        subsets = JobSubsets(instance)
+        ours, theirs = subsets.subset(job, selection), subsets.subset(variant, selection)
+        assert ours is not theirs and subsets.subset(job, selection) is ours
+        code = {s.key.to_user_string(): s.code_version for s in theirs.asset_layer.asset_graph.asset_nodes}
+        assert code["scrubbed_files"] == "other"
 
 
 @pytest.mark.integration

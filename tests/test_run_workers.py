@@ -436,7 +436,7 @@ def test_warm_writes_nothing_and_never_raises(tiny_run, monkeypatch):
     assert planned == [f"tiny/{manifest.sources[0].name}"]
     # the subsets of pass 1's runs are built and kept for them
     assert {(job, frozenset(a)) for job, a in run.selections(1, snapshot="one")} == \
-        {(job, frozenset(k.to_user_string() for k in keys)) for job, keys in run.subsets._jobs}
+        {(job, frozenset(k.to_user_string() for k in keys)) for job, keys in run.subsets.kept()}
     SnapshotRun(manifest, open_root(str(root)), instance, rerun=True).warm()
     assert len(planned) == 1  # nothing to plan when everything runs again
     assert state() == before
@@ -447,7 +447,7 @@ def test_warm_writes_nothing_and_never_raises(tiny_run, monkeypatch):
     monkeypatch.setattr(freshness, "plan", broken)
     assert SnapshotRun(manifest, open_root(str(root)), instance, rerun=False).warm() is None
     run = SnapshotRun(manifest, open_root(str(root)), instance, rerun=False)
-    assert run.warm([("snapshot_job", ("no_such_asset",))]) is None and not run.subsets._jobs
+    assert run.warm([("snapshot_job", ("no_such_asset",))]) is None and not run.subsets.kept()
 
 
 @pytest.mark.integration
