@@ -321,7 +321,8 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         0.04 ms. Nothing is cached; each call reads the table."""
         self._check_partitions_table()
         with self.index_connection() as conn:
-            return conn.execute(_HAS_DYNAMIC_PARTITION, {"name": partitions_def_name, "key": partition_key}).first() is not None
+            row = conn.execute(_HAS_DYNAMIC_PARTITION, {"name": partitions_def_name, "key": partition_key}).first()
+        return row is not None
 
     def _get_assets_details(self, asset_keys):
         """The ``AssetDetails`` (last wipe time) of each of ``asset_keys`` (None for a key

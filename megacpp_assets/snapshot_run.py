@@ -357,9 +357,10 @@ class SnapshotUnits:
     starts once the groups it reads from are done, so no snapshot step waits for one it
     does not depend on (``p3_repo_dataset`` no longer waits for ``p2_file_dataset``); the
     dataset card runs last, after every group: in the run of the last group when that
-    group starts once every other has ended (one run fewer), else in a run of its own. Of the groups that may start, the largest
-    starts first (:meth:`priority`, longest processing time first), so the pass does not
-    end on a large group while the other workers wait."""
+    group starts once every other has ended (one run fewer), else in a run of its own.
+    Of the groups that may start, the largest starts first (:meth:`priority`, longest
+    processing time first), so the pass does not end on a large group while the other
+    workers wait."""
 
     def __init__(self, run: SnapshotRun, n: int, plan: list[str]):
         self.n = n

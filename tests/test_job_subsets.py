@@ -32,7 +32,8 @@ def _run_facts(instance, result):
     computed from timestamps)."""
     run = instance.get_run_by_id(result.run_id)
     events = [e.dagster_event for e in instance.all_logs(result.run_id) if e.dagster_event is not None]
-    mats = sorted((e.asset_key.to_user_string(), e.partition) for e in events if e.event_type_value == "ASSET_MATERIALIZATION")
+    mats = sorted((e.asset_key.to_user_string(), e.partition) for e in events
+                  if e.event_type_value == "ASSET_MATERIALIZATION")
     checks = sorted((e.asset_check_evaluation_data.asset_key.to_user_string(), e.asset_check_evaluation_data.check_name,
                      e.asset_check_evaluation_data.passed)
                     for e in events if e.event_type_value == "ASSET_CHECK_EVALUATION")
