@@ -5,7 +5,6 @@ tags, snapshots, steps, events and materializations; and the same errors before 
 
 from __future__ import annotations
 
-
 import pytest
 from dagster import AssetKey, DagsterInstance
 from dagster._core.snap.job_snapshot import JobSnap
