@@ -340,6 +340,12 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         details = {key: deserialize_value(value, AssetDetails) if value else None for key, value in rows}
         return [details.get(name) for name in names]
 
+    def _wiped(self, asset_key: AssetKey) -> bool:
+        """Whether ``asset_key`` has a wipe time (its events before it are filtered out):
+        the statements built once leave such an asset to the stock methods."""
+        details = self._get_assets_details([asset_key])[0]
+        return details is not None and bool(details.last_wipe_timestamp)
+
     def get_latest_tags_by_partition(self, asset_key, event_type, tag_keys, asset_partitions=None,
                                      before_cursor=None, after_cursor=None):
         """``{partition: {tag: value}}`` of the latest ``event_type`` event of each of
@@ -358,8 +364,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                 or len(tag_keys) != len(self.get_asset_tags_to_index(set(tag_keys)))):
             return super().get_latest_tags_by_partition(asset_key, event_type, tag_keys, asset_partitions,
                                                         before_cursor, after_cursor)
-        details = self._get_assets_details([asset_key])[0]
-        if details is not None and details.last_wipe_timestamp:
+        if self._wiped(asset_key):
             return super().get_latest_tags_by_partition(asset_key, event_type, tag_keys, asset_partitions)
         with self.index_connection() as conn:
             rows = conn.execute(_LATEST_TAGS_BY_PARTITION, {
@@ -385,8 +390,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                                                f.before_storage_id, f.storage_ids))):
             return super().fetch_materializations(records_filter, limit, cursor, ascending)
         enforce_max_records_limit(limit)
-        details = self._get_assets_details([f.asset_key])[0]
-        if details is not None and details.last_wipe_timestamp:
+        if self._wiped(f.asset_key):
             return super().fetch_materializations(records_filter, limit, cursor, ascending)
         with self.index_connection() as conn:
             rows = conn.execute(_EVENTS_IN_PARTITIONS[bool(ascending)], {

@@ -80,6 +80,11 @@ class JobSubsets:
             got = self._jobs[key] = (job, sub)
         return got[1]
 
+    def prepare(self, job: JobDefinition, selection: frozenset[AssetKey]) -> None:
+        """Build ahead what a run of ``selection`` builds on its way to its first step: the
+        kept subset, Dagster's re-subset of it (``create_run_for_job``) and its snapshot."""
+        self.subset(job, selection).get_subset(asset_selection=selection).get_job_snapshot_id()
+
     def kept(self) -> list[tuple[str, frozenset[AssetKey]]]:
         """``(job name, selection)`` of every subset kept, in the order they were built."""
         return [(job.name, selection) for (_, selection), (job, _) in self._jobs.items()]

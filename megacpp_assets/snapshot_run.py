@@ -232,11 +232,9 @@ class SnapshotRun:
             pass
         if not self.manifest.sources:
             return
-        jobs = {"revision_job": self.revision_job, "shard_job": self.shard_job, "snapshot_job": self.snapshot_job}
         try:
-            for job, assets in selections:
-                keys = frozenset(AssetKey(a) for a in assets)
-                self.subsets.subset(jobs[job], keys).get_subset(asset_selection=keys).get_job_snapshot_id()
+            for job, assets in selections:  # the job names are this object's attributes
+                self.subsets.prepare(getattr(self, job), frozenset(AssetKey(a) for a in assets))
             if not self.rerun:
                 freshness.plan(self.instance, self.stages, self.root, self.manifest,
                                Partition(self.manifest.name, self.manifest.sources[0].name), latest=self.latest)
