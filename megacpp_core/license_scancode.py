@@ -358,9 +358,10 @@ def _compute_candidates(query_run, idx, matchable_rids, top=50, high_resemblance
 
     ScanCode's function walks every rule of the index (about 37k) to skip those not in
     ``matchable_rids``; it is given a view of the kept rules instead (:class:`_Rules`),
-    renumbered in ascending order, and the rule ids of its answer are mapped back. A rule
-    id only breaks ties between equal score vectors in its sorts, and the renumbering keeps
-    the ids' order, so the answer is the same list in the same order."""
+    renumbered in ascending order. Inside it a rule id only indexes the view's per-rule
+    lists and breaks ties between equal score vectors in its sorts, and the renumbering
+    keeps the ids' order, so the answer is the same list in the same order; its rule ids
+    are mapped back, since its caller indexes the whole index's tables with them."""
     original = _ORIGINAL["compute_candidates"]
     if _use_bigrams:
         return original(query_run, idx, matchable_rids, top, high_resemblance, high_resemblance_threshold, _use_bigrams)
