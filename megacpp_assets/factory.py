@@ -44,6 +44,7 @@ from dagster import (
     asset,
     multi_asset,
 )
+from dagster._core.definitions.data_version import DATA_VERSION_TAG  # the tag of a data version (indexed)
 
 from megacpp_assets import profiles
 from megacpp_core import card, memo, plots
@@ -217,10 +218,6 @@ class LatestMaterializations:
             for p in ask:
                 out[p] = self._versions[(asset, p)] = tags.get(p, {}).get(DATA_VERSION_TAG)
         return out
-
-
-#: The tag Dagster records a materialization's data version in (and indexes).
-DATA_VERSION_TAG = "dagster/data_version"
 
 
 def _data_version(mat) -> str | None:
