@@ -49,7 +49,7 @@ from license_expression import (
     get_spdx_licensing,
 )
 
-from .license_scancode import ResultStore, run_scancode
+from .license_scancode import ResultStore, run_scancode, load as load_scancode
 
 #: License classes from most to least permissive (SPEC §4).
 CLASS_ORDER = ("permissive", "weak_copyleft", "gpl2", "unknown", "refused")
@@ -160,8 +160,11 @@ def _vendored_categories() -> dict[str, str]:
 
 @lru_cache(maxsize=1)
 def _scancode_categories() -> dict[str, str]:
-    """Same mapping from the installed ScanCode's license DB (loads it: ~7 s once)."""
+    """Same mapping from the installed ScanCode's license DB (part of the cache its index is
+    in: loaded once per process by :func:`~megacpp_core.license_scancode.load`, 2.8–2.9 s)."""
     from licensedcode.cache import get_licenses_db
+
+    load_scancode()
 
     db = get_licenses_db().values()
     return {lic.spdx_license_key.lower(): lic.category for lic in db if lic.spdx_license_key}
@@ -359,7 +362,7 @@ class Scanner:
     Share one instance across revisions in a process. ``scans`` counts ScanCode calls,
     ``cache_hits`` counts answers served from the cache, ``store_hits`` ScanCode answers
     read from ``store`` (a :class:`~megacpp_core.license_scancode.ResultStore`, optional)
-    instead of running ScanCode. The first ScanCode call loads its license index (~7 s,
+    instead of running ScanCode. The first ScanCode call loads its license index (2.8–2.9 s,
     :func:`~megacpp_core.license_scancode.load`); later scans take 0.01-1 s per text.
     """
 

@@ -5,6 +5,7 @@ loads once per process, in a spawned worker as in the calling process."""
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -229,6 +230,89 @@ def test_index_loads_once_per_process(index):
     assert lsc.load() == 0.0
     lic.Scanner().scan("Licensed under the Apache License, Version 2.0.")
     assert lsc.LOAD["loads"] == 1
+
+
+_FRESH_LOAD = """
+import gc, json, sys
+from megacpp_core import license as lic, license_scancode as lsc
+from licensedcode.cache import get_index
+if sys.argv[1] == "categories":
+    assert lic._scancode_categories()["mit"] == "Permissive"
+else:
+    lsc.load()
+index = get_index()
+tracked = {id(o) for o in gc.get_objects()}
+rules = index.rules_by_rid
+postings = [p for p in index.high_postings_by_rid[::97] if p is not None]
+print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "rules": len(rules),
+                  "rules_tracked": gc.is_tracked(rules[0]), "postings": len(postings),
+                  "rules_collected": sum(id(r) in tracked for r in rules[::97]),
+                  "postings_collected": sum(id(p) in tracked for p in postings),
+                  "table_collected": id(index.rules_by_id) in tracked}))
+"""
+
+
+@pytest.mark.parametrize("first", ["load", "categories"])
+def test_real_index_is_out_of_the_collectors_reach(first):
+    """ScanCode's real index, loaded in a fresh process as a worker loads it (or first
+    reached through ScanCode's license categories): its rules and postings are frozen
+    (``gc.get_objects`` lists the collected generations, not the frozen one) and the
+    collector is on again."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FRESH_LOAD, first], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["enabled"] and got["rules"] > 30_000 and got["rules_tracked"] and got["postings"] > 100
+    assert got["frozen"] > 1_000_000  # the index's objects
+    assert got["rules_collected"] == 0 and got["postings_collected"] == 0 and not got["table_collected"]
+
+
+def _stub_index_load(monkeypatch, index_file):
+    """``load`` with a fresh per-process state, ScanCode's ``get_index`` stubbed to record
+    whether the collector is on while it runs and to make 20,000 objects, the prefilter
+    off and the index file at ``index_file``; returns the record."""
+    from licensedcode import cache
+
+    seen = {}
+
+    def get_index():
+        seen["collector_on"] = gc.isenabled()
+        seen["made"] = [[i] for i in range(20_000)]
+        return object()
+
+    monkeypatch.setattr(cache, "get_index", get_index)
+    monkeypatch.setattr(lsc, "install_prefilter", lambda on=True: False)
+    monkeypatch.setattr(lsc, "_index_file", lambda: index_file)
+    monkeypatch.setitem(lsc.LOAD, "seconds", None)
+    monkeypatch.setitem(lsc.LOAD, "loads", 0)
+    return seen
+
+
+@pytest.mark.parametrize("collector_on", [True, False])
+def test_index_unpickled_with_the_collector_off_then_frozen(tmp_path, monkeypatch, collector_on):
+    index_file = tmp_path / "index_cache"
+    index_file.write_bytes(b"x")
+    seen = _stub_index_load(monkeypatch, index_file)
+    gc.enable() if collector_on else gc.disable()
+    try:
+        frozen = gc.get_freeze_count()
+        lsc.load()
+        assert seen["collector_on"] is False
+        assert gc.isenabled() is collector_on  # the caller's state, restored
+        assert gc.get_freeze_count() >= frozen + 20_000
+        tracked = {id(o) for o in gc.get_objects()}
+        assert not any(id(o) in tracked for o in seen["made"][::100])
+    finally:
+        gc.enable()
+
+
+def test_index_built_with_the_collector_on(tmp_path, monkeypatch):
+    """No index file yet: ScanCode builds it (minutes, once per install) with the collector on."""
+    seen = _stub_index_load(monkeypatch, tmp_path / "missing" / "index_cache")
+    gc.enable()
+    lsc.load()
+    assert seen["collector_on"] is True and gc.isenabled()
 
 
 class _StubWorker:

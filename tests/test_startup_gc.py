@@ -16,6 +16,7 @@ from .conftest import environ, make_data_root, write_instance_config
 @pytest.fixture(autouse=True)
 def _collector_restored():
     enabled = gc.isenabled()
+    gc.unfreeze()  # each test starts with nothing frozen (a test before may have loaded ScanCode's index)
     yield
     gc.unfreeze()
     if enabled:
