@@ -1,4 +1,5 @@
-"""The project's parquet writer: which columns carry min/max statistics; arrow's memory pool."""
+"""The project's parquet writer: which columns carry min/max statistics and dictionary
+encoding; arrow's memory pool."""
 
 import os
 import subprocess
@@ -7,7 +8,8 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from megacpp_core.tables import ParquetStream, statistics_columns, write_parquet
+from megacpp_core import tables
+from megacpp_core.tables import ParquetStream, dictionary_columns, statistics_columns, write_parquet
 
 
 def _table():
@@ -54,6 +56,52 @@ def test_a_table_of_payloads_only_writes_no_statistics(tmp_path):
     assert statistics_columns(t.schema) == []
     assert _stats(write_parquet(t, tmp_path / "p.parquet"))["text"] is None
 
+
+
+def _dictionary_pages(path) -> dict[str, bool]:
+    md = pq.ParquetFile(path).metadata
+    pages: dict[str, bool] = {}
+    for r in range(md.num_row_groups):
+        rg = md.row_group(r)
+        for i in range(md.num_columns):
+            c = rg.column(i)
+            pages[c.path_in_schema] = pages.get(c.path_in_schema, False) or c.has_dictionary_page
+    return pages
+
+
+def test_dictionary_on_the_flat_columns_alone(tmp_path):
+    t = _table().append_column("source", pa.array(["zlib", "zlib"], pa.string())) \
+        .append_column("n_tokens", pa.array([7, 7], pa.int32()))
+    assert dictionary_columns(t.schema) == ["doc_key", "source", "n_tokens"]
+    pages = _dictionary_pages(write_parquet(t, tmp_path / "t.parquet"))
+    assert {p for p, has in pages.items() if has} == {"doc_key", "source", "n_tokens"}
+    assert pq.read_table(tmp_path / "t.parquet").to_pylist() == t.to_pylist()
+    # payloads and nested columns only: no dictionary anywhere
+    only = t.select(["text", "content", "tokens", "meta", "counts"])
+    assert dictionary_columns(only.schema) == []
+    assert not any(_dictionary_pages(write_parquet(only, tmp_path / "n.parquet")).values())
+
+
+def test_real_token_ids_written_without_a_dictionary_are_smaller(tiny_run, tmp_path, monkeypatch):
+    """The tiny run's tokenized shards and packed rows: token ids, offsets and per-token
+    planes carry no dictionary page, and the files are smaller than with a dictionary on
+    every column (what the writer did before), the same tables read back."""
+    root, _ = tiny_run
+    snap = root / "snapshots" / "tiny"
+    files = sorted(snap.glob("revisions/*/shards/*/tokenized.parquet")) + sorted(snap.glob("packed/*.parquet"))
+    assert files
+    ours = base = 0
+    for i, f in enumerate(files):
+        table = pq.read_table(f)
+        pages = _dictionary_pages(f)  # as the pipeline wrote it
+        assert not any(has for path, has in pages.items() if "." in path), f  # every nested column
+        assert pages.get("input_ids.list.element") is False
+        ours += write_parquet(table, tmp_path / f"ours{i}.parquet").stat().st_size
+        with monkeypatch.context() as m:
+            m.setattr(tables, "dictionary_columns", lambda schema: True)
+            base += write_parquet(table, tmp_path / f"base{i}.parquet").stat().st_size
+        assert pq.read_table(tmp_path / f"ours{i}.parquet").equals(pq.read_table(tmp_path / f"base{i}.parquet"))
+    assert ours < base
 
 
 def _backend(**env):
