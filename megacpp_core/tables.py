@@ -109,10 +109,11 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     """The columns written with parquet's dictionary encoding: the top-level columns that are
     neither nested (a list, struct or map) nor a payload (:func:`statistics_columns`).
 
-    Nested columns hold token ids, offsets, per-token planes and boundaries, whose values
-    rarely repeat within a column chunk: parquet-cpp built a dictionary page for them, found
-    it over its 1 MiB limit and fell back to plain encoding, so the work and the dictionary
-    page were wasted. ``bench/parquet_writer.py`` rewrites the 248 parquet files of
+    Nested columns hold token ids, offsets, per-token planes and boundaries. Dictionary
+    encoded (pyarrow's default), each became a dictionary page (up to 94 KB for the token
+    ids and offsets of a ``default`` shard) and bit-packed indices into it, which zstd
+    compresses less well than the plain values, and building the dictionary took time.
+    ``bench/parquet_writer.py`` rewrites the 248 parquet files of
     ``default``'s snapshot both ways: 2.86 s and 107.4 MB with the dictionary on these
     columns alone, 3.20 s and 113.8 MB with it on every column (the tokenized shards
     13.2 MB against 15.7 MB), the same tables read back. Payloads (one text per row)
