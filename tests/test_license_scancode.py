@@ -295,8 +295,8 @@ def test_index_unpickled_with_the_collector_off_then_frozen(tmp_path, monkeypatc
     index_file.write_bytes(b"x")
     seen = _stub_index_load(monkeypatch, index_file)
     gc.enable() if collector_on else gc.disable()
+    frozen = gc.get_freeze_count()
     try:
-        frozen = gc.get_freeze_count()
         lsc.load()
         assert seen["collector_on"] is False
         assert gc.isenabled() is collector_on  # the caller's state, restored
@@ -304,6 +304,8 @@ def test_index_unpickled_with_the_collector_off_then_frozen(tmp_path, monkeypatc
         tracked = {id(o) for o in gc.get_objects()}
         assert not any(id(o) in tracked for o in seen["made"][::100])
     finally:
+        if not frozen:
+            gc.unfreeze()  # what the stubbed load froze of this test process
         gc.enable()
 
 
@@ -311,8 +313,13 @@ def test_index_built_with_the_collector_on(tmp_path, monkeypatch):
     """No index file yet: ScanCode builds it (minutes, once per install) with the collector on."""
     seen = _stub_index_load(monkeypatch, tmp_path / "missing" / "index_cache")
     gc.enable()
-    lsc.load()
-    assert seen["collector_on"] is True and gc.isenabled()
+    frozen = gc.get_freeze_count()
+    try:
+        lsc.load()
+        assert seen["collector_on"] is True and gc.isenabled()
+    finally:
+        if not frozen:
+            gc.unfreeze()
 
 
 class _StubWorker:
