@@ -73,6 +73,12 @@ Ratios (all > 1 in our favour):
   ours the Megatron export's tokens, BOS and FIM sentinels included; datatrove's the
   tokens of its ``.ds`` files, EOS included): ≥ 1× means we are at least as fast;
 * ``peak_rss_ratio`` = datatrove peak RSS / our peak RSS: ≥ 1× means we use no more memory;
+* ``full_cores.speed_ratio_ceiling`` = datatrove seconds / (our CPU seconds / usable
+  cores): the speed ratio our side would reach if its CPU work kept every core busy from
+  its first step to its last. Each side reports ``cpu_seconds`` (user + system time of
+  every thread of its child over the timed steps, :func:`cpu_seconds`; the ceiling takes
+  our least over the runs, ``cpu_seconds_min``). A ceiling below 1 means a speed ratio of
+  1 needs less CPU work on our side, whatever the scheduling;
 * ``with_dedup.speed_ratio`` = (datatrove dedup + datatrove end-to-end seconds) / (our
   dedup + our end-to-end seconds): scrubbed texts to training-ready tokens, dedup included.
 
@@ -136,6 +142,14 @@ def preload(modules: tuple[str, ...]) -> None:
 
     for m in modules:
         importlib.import_module(m)
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) this process and its waited-for children have used
+    (``os.times``): every thread counts, so a side that keeps two cores busy for one
+    second of wall time uses two CPU seconds."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def timed_imports(before: set[str]) -> list[str]:
@@ -269,7 +283,7 @@ def ours_child(comparison: str, root_dir: str, snapshot: str, out_file: str) -> 
     stage_seconds: dict[str, float] = {}
     figures: dict[str, dict] = {}
     modules = set(sys.modules)
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     for st, part in steps:
         t = time.perf_counter()
         res = run_stage(st, root, manifest, part)
@@ -284,9 +298,9 @@ def ours_child(comparison: str, root_dir: str, snapshot: str, out_file: str) -> 
             for k in ("files", "documents", "tokens"):
                 if isinstance(res.figures.get(k), int):
                     agg[k] = agg.get(k, 0) + res.figures[k]
-    seconds = time.perf_counter() - t0
-    out = {"seconds": seconds, "stage_seconds": stage_seconds, "steps": len(steps), "peak_rss_mib": peak,
-           "timed_imports": timed_imports(modules)}
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    out = {"seconds": seconds, "cpu_seconds": cpu, "stage_seconds": stage_seconds, "steps": len(steps),
+           "peak_rss_mib": peak, "timed_imports": timed_imports(modules)}
     if comparison == "dedup":
         f = figures["dedup"]
         keep = pq.read_table(snap / "dedup" / "decisions.parquet", columns=["doc_key", "keep"]).to_pydict()
@@ -366,12 +380,12 @@ def peer_child(comparison: str, input_dir: str, work_dir: str, out_file: str, to
         words = CodeTokens()
         peak = vm_hwm_mb()
         modules = set(sys.modules)
-        t0 = time.perf_counter()
+        c0, t0 = cpu_seconds(), time.perf_counter()
         run("1_signature", [ParquetReader(input_dir), MinhashDedupSignature(output_folder=sigs, config=config, language=words)])
         run("2_buckets", [MinhashDedupBuckets(input_folder=sigs, output_folder=dups, config=config)], tasks=buckets)
         run("3_cluster", [MinhashDedupCluster(input_folder=dups, output_folder=remove, config=config)])
         run("4_filter", [ParquetReader(input_dir), MinhashDedupFilter(input_folder=remove), ParquetWriter(kept)])
-        seconds = time.perf_counter() - t0
+        seconds, out["cpu_seconds"] = time.perf_counter() - t0, cpu_seconds() - c0
         out["timed_imports"] = timed_imports(modules)
         peak = max(peak, vm_hwm_mb())
         # figures, read back after the timing
@@ -402,11 +416,11 @@ def peer_child(comparison: str, input_dir: str, work_dir: str, out_file: str, to
         tokens_dir = work / "tokens"
         peak = vm_hwm_mb()
         modules = set(sys.modules)
-        t0 = time.perf_counter()
+        c0, t0 = cpu_seconds(), time.perf_counter()
         run("tokenize", [ParquetReader(input_dir),
                          DocumentTokenizer(output_folder=str(tokens_dir), tokenizer_name_or_path=tokenizer,
                                            eos_token=PEER_EOS, seed=0)])
-        seconds = time.perf_counter() - t0
+        seconds, out["cpu_seconds"] = time.perf_counter() - t0, cpu_seconds() - c0
         out["timed_imports"] = timed_imports(modules)
         peak = max(peak, vm_hwm_mb())
         meta = [f.read_text().splitlines() for f in tokens_dir.glob("*.ds.metadata")]
@@ -452,6 +466,7 @@ def _best(runs: list[dict]) -> dict:
     """The fastest of ``runs`` (by ``seconds``) with ``peak_rss_mib`` the largest of all."""
     best = dict(min(runs, key=lambda r: r["seconds"]))
     best["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
+    best["cpu_seconds_min"] = min(r["cpu_seconds"] for r in runs)
     best["runs_seconds"] = [round(r["seconds"], 3) for r in runs]
     return best
 
@@ -459,12 +474,26 @@ def _best(runs: list[dict]) -> dict:
 def _side(res: dict, **extra) -> dict:
     """One side's figures for the JSON, times rounded."""
     out = {"seconds": round(res["seconds"], 3), "process_seconds": round(res["process_seconds"], 3),
-           "runs_seconds": res["runs_seconds"], "peak_rss_mib": round(res["peak_rss_mib"], 1),
+           "runs_seconds": res["runs_seconds"], "cpu_seconds": round(res["cpu_seconds"], 3),
+           "cpu_seconds_min": round(res["cpu_seconds_min"], 3), "peak_rss_mib": round(res["peak_rss_mib"], 1),
            "stage_seconds": {k: round(v, 3) for k, v in res["stage_seconds"].items()},
            "timed_imports": res.get("timed_imports", [])}
     out.update(res.get("figures", {}))
     out.update(extra)
     return out
+
+
+def full_cores(peer_seconds: float, our_cpu_seconds: float, cores: int) -> dict:
+    """What our side could reach at most on ``cores`` cores doing the CPU work it did:
+    ``floor_seconds`` = ``our_cpu_seconds / cores`` (every core busy from the first step to
+    the last, no wait anywhere) and ``speed_ratio_ceiling`` = ``peer_seconds`` over that
+    floor. A ceiling below 1 means that a speed ratio of 1 needs less CPU work on our side,
+    whatever the scheduling."""
+    from timing import full_cores_floor  # bench/timing.py (the script's own directory)
+
+    floor = full_cores_floor(our_cpu_seconds, cores)
+    return {"cores": cores, "ours_cpu_seconds": round(our_cpu_seconds, 3), "floor_seconds": round(floor, 3),
+            "speed_ratio_ceiling": _ratio(peer_seconds, floor)}
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -535,6 +564,9 @@ def main(argv: list[str] | None = None) -> dict:
     peer_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the project in the peer venv
 
     load0 = os.getloadavg()[0]  # other work on the machine shares its cores with both sides
+    from timing import usable_cores  # bench/timing.py (the script's own directory)
+
+    cores = usable_cores()
     tmp = Path(tempfile.mkdtemp(prefix="bench-peer-", dir=a.work_dir))
     try:
         texts = input_texts(data_root, a.corpus)
@@ -568,7 +600,7 @@ def main(argv: list[str] | None = None) -> dict:
     best = {c: {side: _best(r) for side, r in sides.items()} for c, sides in runs.items()}
     result: dict = {
         "corpus": a.corpus, "data_root": str(data_root), "repeat": max(1, a.repeat),
-        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+        "machine": {"cpus": os.cpu_count(), "usable_cores": cores, "python": sys.version.split()[0],
                     "load_average_1m": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)}},
         "versions": {"datatrove_venv": peer_versions,
                      "ours_venv": {p: md.version(p) for p in ("tokenizers", "numpy", "pyarrow", "datasketch")}},
@@ -595,6 +627,7 @@ def main(argv: list[str] | None = None) -> dict:
         "removed": {"both": len(dt_removed & us_removed), "only_datatrove": len(dt_removed - us_removed),
                     "only_ours": len(us_removed - dt_removed)},
         "speed_ratio": _ratio(dt["seconds"], us["seconds"]),
+        "full_cores": full_cores(dt["seconds"], us["cpu_seconds_min"], cores),
         "peak_rss_ratio": _ratio(dt["peak_rss_mib"], us["peak_rss_mib"]),
     }
     # 2. tokenize and 3. end to end
@@ -607,12 +640,14 @@ def main(argv: list[str] | None = None) -> dict:
             "datatrove": _side(dt, tokens_per_s=round(dt_tps)), "ours": _side(us, tokens_per_s=round(us_tps)),
             "tokens_per_s_ratio": _ratio(us_tps, dt_tps),
             "speed_ratio": _ratio(dt["seconds"], us["seconds"]),
+            "full_cores": full_cores(dt["seconds"], us["cpu_seconds_min"], cores),
             "peak_rss_ratio": _ratio(dt["peak_rss_mib"], us["peak_rss_mib"]),
         }
     dt_total = best["dedup"]["datatrove"]["seconds"] + best["end_to_end"]["datatrove"]["seconds"]
     us_total = best["dedup"]["ours"]["seconds"] + best["end_to_end"]["ours"]["seconds"]
+    us_cpu = best["dedup"]["ours"]["cpu_seconds_min"] + best["end_to_end"]["ours"]["cpu_seconds_min"]
     result["with_dedup"] = {"datatrove_seconds": round(dt_total, 3), "ours_seconds": round(us_total, 3),
-                            "speed_ratio": _ratio(dt_total, us_total)}
+                            "speed_ratio": _ratio(dt_total, us_total), "full_cores": full_cores(dt_total, us_cpu, cores)}
     result["ratios"] = {
         "dedup_speed": result["dedup"]["speed_ratio"], "dedup_peak_rss": result["dedup"]["peak_rss_ratio"],
         "tokenize_tokens_per_s": result["tokenize"]["tokens_per_s_ratio"],
@@ -621,7 +656,10 @@ def main(argv: list[str] | None = None) -> dict:
         "end_to_end_speed": result["end_to_end"]["speed_ratio"],
         "end_to_end_peak_rss": result["end_to_end"]["peak_rss_ratio"],
         "with_dedup_speed": result["with_dedup"]["speed_ratio"],
-        "meaning": "every ratio >= 1 means ours is at least as fast (or uses no more peak memory) as datatrove",
+        "speed_ceilings": {c: result[c]["full_cores"]["speed_ratio_ceiling"]
+                           for c in ("dedup", "tokenize", "end_to_end", "with_dedup")},
+        "meaning": "every ratio >= 1 means ours is at least as fast (or uses no more peak memory) as datatrove; "
+                   "a speed ceiling is the most a speed ratio could be with our CPU work spread over every core",
     }
     return result
 

@@ -102,6 +102,7 @@ def test_our_dedup_child_on_a_linked_copy(peer, tiny_run, tmp_path):
     peer.ours_child("dedup", str(copy), "tiny", str(out))
     res = json.loads(out.read_text())
     assert res["steps"] == len(steps) and res["peak_rss_mib"] > 0
+    assert res["cpu_seconds"] > 0  # the steps' CPU time, for the full-cores ceiling
     # what a worker has imported before its first step is imported before the timing
     assert not {m.split(".")[0] for m in peer.OUR_PRELOAD} & set(res["timed_imports"])
     assert set(res["stage_seconds"]) == {"minhash", "lsh_bands_00_07", "lsh_bands_07_14", "dedup"}
@@ -127,3 +128,33 @@ def test_the_preloads_are_importable_and_ours_are_what_workers_have(peer):
     import colorsys  # noqa: F401  (a standard-library module imported after the snapshot)
 
     assert peer.timed_imports(before) == ["colorsys"]
+
+
+def test_full_cores_ceiling(peer):
+    """The ceiling divides our CPU seconds over the cores: 6 CPU-s on 2 cores take at
+    least 3 s, so against a peer's 2 s the speed ratio cannot pass 2/3."""
+    got = peer.full_cores(2.0, 6.0, 2)
+    assert got == {"cores": 2, "ours_cpu_seconds": 6.0, "floor_seconds": 3.0, "speed_ratio_ceiling": 0.667}
+    assert peer.full_cores(4.0, 6.0, 3)["speed_ratio_ceiling"] == 2.0
+    import timing  # bench/timing.py, on sys.path while the fixture holds the module
+
+    assert 1 <= timing.usable_cores() <= (__import__("os").cpu_count() or 1)
+    assert timing.full_cores_floor(6.0, 2) == 3.0
+
+
+def test_cpu_seconds_counts_this_process_and_its_children(peer):
+    """``cpu_seconds`` grows with work done in this process and in a child it waited for."""
+    import hashlib
+    import subprocess
+
+    before = peer.cpu_seconds()
+    data = b"x" * (1 << 20)
+    while peer.cpu_seconds() - before < 0.05:  # busy in this process
+        hashlib.sha256(data).digest()
+    mid = peer.cpu_seconds()
+    assert mid - before >= 0.05
+    subprocess.run([sys.executable, "-c", "import hashlib\nfor _ in range(300): hashlib.sha256(b'x' * (1 << 20))"],
+                   check=True)
+    # the child's 300 MiB of hashing (well over 0.1 CPU-s), once waited for; this
+    # process itself only waits meanwhile
+    assert peer.cpu_seconds() - mid >= 0.1
