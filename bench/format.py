@@ -94,8 +94,9 @@ def _timed(fn, box: dict, key: str):
 def _full_cores(tokens: int, cpu_seconds: float) -> dict:
     """The most ours could reach doing the CPU work it did (``cpu_seconds``: compute + gate,
     the least of the runs) with every core busy throughout: ``floor_seconds`` = CPU
-    seconds / cores and the tokens/s of that floor, against the goal. ``ceiling_meets_goal`` False means the goal needs less CPU
-    work, whatever the threads do."""
+    seconds / cores and the tokens/s of that floor, against the goal.
+    ``ceiling_meets_goal`` False means the goal needs less CPU work, whatever the threads
+    do."""
     cores = usable_cores()
     floor = full_cores_floor(cpu_seconds, cores)
     ceiling = _rate(tokens, floor)
