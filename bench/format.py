@@ -24,10 +24,10 @@ is hard-linked into two temporary roots, where each stage rewrites its own outpu
   once (the gate's sha256 checks). Each is one thread's work; ours spreads them over two.
 
 Every timing is the best of ``--repeats`` runs; ``cpu_seconds`` is the process CPU time
-of that same run (arrow's and the writer's threads included). ``full_cores`` divides ours
-by the usable cores: the least wall time, and so the most tokens/s, that CPU work could
-take with every core busy throughout; a ceiling under the goal means the goal needs less
-CPU work, not better use of the cores. The machine may be shared:
+of that same run (arrow's and the writer's threads included). ``full_cores`` divides our
+least CPU seconds over the runs by the usable cores: the least wall time, and so the most
+tokens/s, that CPU work could take with every core busy throughout; a ceiling under the
+goal means better overlap of the same work cannot meet it, only less CPU work can. The machine may be shared:
 the ratios of runs that alternate are steadier than the absolute figures. The goal
 (issue #19): ours ≥ 20 M tokens/s.
 """
@@ -95,13 +95,14 @@ def _full_cores(tokens: int, cpu_seconds: float) -> dict:
     """The most ours could reach doing the CPU work it did (``cpu_seconds``: compute + gate,
     the least of the runs) with every core busy throughout: ``floor_seconds`` = CPU
     seconds / cores and the tokens/s of that floor, against the goal.
-    ``ceiling_meets_goal`` False means the goal needs less CPU work, whatever the threads
-    do."""
+    ``ceiling_meets_goal`` False means better overlap of the same work cannot meet the
+    goal, only less CPU work can; both are None when no CPU time was measured."""
     cores = usable_cores()
     floor = full_cores_floor(cpu_seconds, cores)
-    ceiling = _rate(tokens, floor)
+    ceiling = _rate(tokens, floor) if floor > 0 else None
     return {"cores": cores, "cpu_seconds": round(cpu_seconds, 4), "floor_seconds": round(floor, 4),
-            "tokens_per_s_ceiling": ceiling, "ceiling_meets_goal": ceiling >= GOAL_TOKENS_PER_S}
+            "tokens_per_s_ceiling": ceiling,
+            "ceiling_meets_goal": None if ceiling is None else ceiling >= GOAL_TOKENS_PER_S}
 
 
 def _rate(tokens: int, seconds: float) -> float:

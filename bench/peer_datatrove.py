@@ -77,8 +77,9 @@ Ratios (all > 1 in our favour):
   cores): the speed ratio our side would reach if its CPU work kept every core busy from
   its first step to its last. Each side reports ``cpu_seconds`` (user + system time of
   every thread of its child over the timed steps, :func:`cpu_seconds`; the ceiling takes
-  our least over the runs, ``cpu_seconds_min``). A ceiling below 1 means a speed ratio of
-  1 needs less CPU work on our side, whatever the scheduling;
+  our least over the runs, ``cpu_seconds_min``). A ceiling below 1 means better overlap
+  of the same work cannot reach a speed ratio of 1 on these cores; only less CPU work on
+  our side can;
 * ``with_dedup.speed_ratio`` = (datatrove dedup + datatrove end-to-end seconds) / (our
   dedup + our end-to-end seconds): scrubbed texts to training-ready tokens, dedup included.
 
@@ -483,12 +484,12 @@ def _side(res: dict, **extra) -> dict:
     return out
 
 
-def full_cores(peer_seconds: float, our_cpu_seconds: float, cores: int) -> dict:
+def full_cores(peer_seconds: float, our_cpu_seconds: float, cores: float) -> dict:
     """What our side could reach at most on ``cores`` cores doing the CPU work it did:
     ``floor_seconds`` = ``our_cpu_seconds / cores`` (every core busy from the first step to
     the last, no wait anywhere) and ``speed_ratio_ceiling`` = ``peer_seconds`` over that
-    floor. A ceiling below 1 means that a speed ratio of 1 needs less CPU work on our side,
-    whatever the scheduling."""
+    floor. A ceiling below 1 means better overlap of the same work cannot reach a speed
+    ratio of 1 on ``cores`` cores; only less CPU work on our side can."""
     from timing import full_cores_floor  # bench/timing.py (the script's own directory)
 
     floor = full_cores_floor(our_cpu_seconds, cores)
@@ -659,7 +660,8 @@ def main(argv: list[str] | None = None) -> dict:
         "speed_ceilings": {c: result[c]["full_cores"]["speed_ratio_ceiling"]
                            for c in ("dedup", "tokenize", "end_to_end", "with_dedup")},
         "meaning": "every ratio >= 1 means ours is at least as fast (or uses no more peak memory) as datatrove; "
-                   "a speed ceiling is the most a speed ratio could be with our CPU work spread over every core",
+                   "a speed ceiling is the most a speed ratio could be with our measured CPU work spread over every "
+                   "core",
     }
     return result
 
