@@ -27,9 +27,9 @@ Every timing is the best of ``--repeats`` runs; ``cpu_seconds`` is the process C
 of that same run (arrow's and the writer's threads included). ``full_cores`` divides our
 least CPU seconds over the runs by the usable cores: the least wall time, and so the most
 tokens/s, that CPU work could take with every core busy throughout; a ceiling under the
-goal means better overlap of the same work cannot meet it, only less CPU work can. The machine may be shared:
-the ratios of runs that alternate are steadier than the absolute figures. The goal
-(issue #19): ours ≥ 20 M tokens/s.
+goal means better overlap of the same work cannot meet it, only less CPU work can. The
+machine may be shared: the ratios of runs that alternate are steadier than the absolute
+figures. The goal (issue #19): ours ≥ 20 M tokens/s.
 """
 
 from __future__ import annotations
