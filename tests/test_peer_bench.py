@@ -169,4 +169,4 @@ def test_cpu_seconds_counts_a_waited_for_child(peer):
             "t = os.times()\nprint(t.user + t.system)")
     child = float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
     assert child > 0
-    assert peer.cpu_seconds() - before >= child
+    assert peer.cpu_seconds() - before >= child - 1e-6  # float sums of clock ticks
