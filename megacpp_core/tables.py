@@ -115,7 +115,7 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     compresses less well than the plain values, and building the dictionary took time.
     ``bench/parquet_writer.py`` rewrites the 248 parquet files of
     ``default``'s snapshot both ways: 2.86 s and 107.4 MB with the dictionary on these
-    columns alone, 3.20 s and 113.8 MB with it on every column (the tokenized shards
+    columns alone, 3.25 s and 113.8 MB with it on every column (the tokenized shards
     13.2 MB against 15.7 MB), the same tables read back. Payloads (one text per row)
     never repeat."""
     return [f.name for f in schema
